@@ -1,0 +1,47 @@
+# jensenkv: `make help` lists the targets. Every target sets up .venv first (idempotent, seconds when done).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights figures clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## create .venv and install the suite with its dev extra
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	# VBench's own pins conflict with diffusers: install its code without them, plus what its scoring imports.
+	$(PY) -m pip install -q --no-deps vbench==0.1.5
+	$(PY) -m pip install -q decord==0.6.0 opencv-python-headless easydict
+	touch $(STAMP)
+
+test: setup ## run the test suite (fast tests; CI runs this)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+
+test-full: setup ## run every test, slow ones included
+	WANDB_MODE=disabled $(PY) -m pytest -q
+
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex} and results/figures/
+	$(PY) -m jensenkv.run -m experiment=table1
+	$(PY) -m jensenkv.report.table1
+
+train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
+	$(PY) scripts/train_tiny.py
+
+bench: setup ## benchmarks -> results/bench.csv and results/bench.md
+	$(PY) scripts/bench.py
+
+fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
+	$(PY) scripts/fetch_weights.py
+
+clean: ## remove run outputs (keeps committed tables and figures)
+	rm -rf outputs multirun results/runs results/refs results/wandb

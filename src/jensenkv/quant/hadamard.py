@@ -1,0 +1,48 @@
+"""Randomized Hadamard rotation (QuaRot-style): x -> H diag(s) x with H the normalized Walsh-Hadamard matrix.
+
+Applied to queries and keys alike, it leaves q.k unchanged (H diag(s) is orthogonal) while spreading
+channel outliers across all channels, which shrinks per-group ranges before quantization.
+Cost: O(d log d) per vector through the fast Walsh-Hadamard transform (no d x d matrix).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Normalized fast Walsh-Hadamard transform along the last dim (a power of two). Self-inverse."""
+    d = x.shape[-1]
+    if d <= 0 or d & (d - 1):
+        raise ValueError(f"head_dim={d} is not allowed for the Hadamard rotation: it must be a power of two")
+    lead = x.shape[:-1]
+    y = x.reshape(-1, d)  # (N, d)
+    h = 1
+    while h < d:
+        y = y.view(-1, d // (2 * h), 2, h)  # (N, blocks, 2, h): butterflies pair element i with i + h
+        a, b = y[:, :, 0, :], y[:, :, 1, :]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    return (y.reshape(*lead, d) / d**0.5).to(x.dtype)
+
+
+class RandomHadamard:
+    """The orthogonal map R = H diag(s), s a seeded vector of random signs.
+
+    ``apply`` computes R x (rotate), ``inverse`` computes R^T x (un-rotate); both along the last dim.
+    """
+
+    def __init__(self, dim: int, seed: int = 0):
+        if dim <= 0 or dim & (dim - 1):
+            raise ValueError(
+                f"head_dim={dim} is not allowed with quant.rotation=hadamard: it must be a power of two"
+            )
+        self.dim = dim
+        self.seed = seed
+        gen = torch.Generator().manual_seed(seed)
+        self.signs = torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1  # (d,) in {-1, +1}
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return walsh_hadamard(x * self.signs.to(x.device, x.dtype))
+
+    def inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return walsh_hadamard(x) * self.signs.to(x.device, x.dtype)
