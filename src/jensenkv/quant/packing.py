@@ -1,0 +1,63 @@
+"""Bit packing of integer codes into uint8: real storage for INT2/3/4/8.
+
+Layout (one rule for every width): the codes, flattened in C order, form a little-endian bit
+stream; code i occupies bits [i*B, (i+1)*B) of that stream, least significant bit first.
+Concretely: INT8 one code per byte; INT4 two per byte (code 2j in the low nibble of byte j);
+INT2 four per byte (code 4j+i in bits 2i..2i+1); INT3 eight codes in three bytes (the 24-bit
+little-endian word of bytes 3j..3j+2 holds code 8j+i in bits 3i..3i+2). The stream is padded with
+zero codes to a whole unit (1 byte, or 3 bytes for INT3), so INT3 may carry up to 2 pad bytes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+PACK_BITS = (2, 3, 4, 8)
+
+
+def _unit(bits: int) -> tuple[int, int]:
+    """(codes, bytes) of the smallest whole packing unit for `bits`-bit codes."""
+    if bits not in PACK_BITS:
+        raise ValueError(f"bits={bits!r} is not allowed for packing: must be one of {PACK_BITS}")
+    codes_per_unit = 8 // math.gcd(8, bits)
+    return codes_per_unit, codes_per_unit * bits // 8
+
+
+def packed_nbytes(numel: int, bits: int) -> int:
+    """Bytes `pack_codes` uses for `numel` codes."""
+    codes_per_unit, bytes_per_unit = _unit(bits)
+    return -(-numel // codes_per_unit) * bytes_per_unit
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack integer codes in [0, 2^bits) (any shape) into a flat uint8 tensor (layout: module docstring)."""
+    codes_per_unit, bytes_per_unit = _unit(bits)
+    flat = codes.reshape(-1).to(torch.int64)  # (N,)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= 1 << bits):
+        raise ValueError(f"codes must lie in [0, {(1 << bits) - 1}] for bits={bits}")
+    pad = -flat.numel() % codes_per_unit
+    if pad:
+        flat = torch.cat((flat, flat.new_zeros(pad)))
+    units = flat.view(-1, codes_per_unit)  # (U, codes per unit)
+    shifts = torch.arange(codes_per_unit, device=flat.device) * bits
+    words = (units << shifts).sum(-1)  # (U,) disjoint bit fields, so sum == bitwise or
+    byte_shifts = torch.arange(bytes_per_unit, device=flat.device) * 8
+    return ((words[:, None] >> byte_shifts) & 0xFF).to(torch.uint8).reshape(-1)  # (U * bytes per unit,)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    """Inverse of `pack_codes`: a uint8 tensor of codes with the given shape."""
+    codes_per_unit, bytes_per_unit = _unit(bits)
+    numel = math.prod(shape)
+    if packed.dtype != torch.uint8 or packed.numel() != packed_nbytes(numel, bits):
+        raise ValueError(
+            f"packed must be uint8 with {packed_nbytes(numel, bits)} bytes for {numel} {bits}-bit codes, "
+            f"got {packed.dtype} with {packed.numel()}"
+        )
+    units = packed.reshape(-1, bytes_per_unit).to(torch.int64)  # (U, bytes per unit)
+    byte_shifts = torch.arange(bytes_per_unit, device=packed.device) * 8
+    words = (units << byte_shifts).sum(-1)  # (U,)
+    shifts = torch.arange(codes_per_unit, device=packed.device) * bits
+    codes = (words[:, None] >> shifts) & ((1 << bits) - 1)  # (U, codes per unit)
+    return codes.reshape(-1)[:numel].to(torch.uint8).reshape(shape)

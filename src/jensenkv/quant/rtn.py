@@ -1,0 +1,198 @@
+"""Integer round-to-nearest (RTN) quantization with packed storage, for every granularity.
+
+Asymmetric: x_q = clamp(round(x / D) + z, 0, 2^B - 1), x_hat = (x_q - z) * D with D and z from the
+group's [min, max]. Symmetric: D = max|x| / (2^(B-1) - 1), levels -(2^(B-1)-1) .. 2^(B-1)-1 stored
+with the fixed offset 2^(B-1) (no zero point stored; INT2 uses 3 of its 4 codes).
+
+Groups (a statistic tensor of shape (b, h, S_groups, D_groups) describes them):
+  tensor      one (D, z) for the whole (B, H, S, D) tensor         stats (1, 1, 1, 1)
+  token       one per token (all D channels)                       stats (B, H, S, 1)
+  token_group one per token and g contiguous channels              stats (B, H, S, D / g)
+  channel     one per channel and g consecutive tokens (KIVI keys) stats (B, H, ceil(S / g), D)
+
+Exactness: the step is rounded UP into `scale_dtype` and the zero point is computed from that
+stored step, so dequantization uses exactly the stored values and |x_hat - x| <= D_stored / 2.
+An integer zero point z = round(-min / D) is stored in zero_dtype (int8 by default: the paper's
+8-bit zero; stored centred as z - 2^(B-1)). Since round is odd-symmetric, round(x/D) + z then lands exactly on [0, 2^B - 1] for
+the group's min and max, with no widening of the range; only groups whose z does not fit the dtype
+(|min| > 127 steps from 0 for int8, or min > 0 for uint8) fall back to a range widened to include
+0. A float zero point is real-valued (the group minimum in units of the step, KIVI-
+style) and keeps the bound while its rounding error is < 0.5 (fp16: |z| < 2048). Constant groups
+get the step |value| (1 at zero): finite, and exact when |value| is representable in scale_dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from jensenkv.quant.packing import pack_codes, unpack_codes
+from jensenkv.quant.tensors import QuantizedTensor, tensor_nbytes
+
+if TYPE_CHECKING:
+    from jensenkv.correction import GroupSteps
+    from jensenkv.quant.hadamard import RandomHadamard
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32}
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where the quantization groups of a (B, H, S, D) tensor lie, and how stats map back to elements."""
+
+    granularity: str
+    group_size: int
+    shape: tuple[int, int, int, int]
+
+    @property
+    def token_span(self) -> int:
+        """Tokens per group (the last channel-granularity group may be shorter)."""
+        return {"tensor": self.shape[2], "token": 1, "token_group": 1, "channel": self.group_size}[self.granularity]
+
+    @property
+    def channel_span(self) -> int:
+        """Channels per group."""
+        return {"tensor": self.shape[3], "token": self.shape[3], "token_group": self.group_size, "channel": 1}[
+            self.granularity
+        ]
+
+    def group_min_max(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-group min and max of x (B, H, S, D), each shaped like the stats (b, h, S_groups, D_groups)."""
+        b, h, s, d = self.shape
+        ts, cs = self.token_span, self.channel_span
+        s_groups = -(-s // ts)
+        if s_groups * ts != s:  # short last token group: repeat the last token (min/max unchanged)
+            x = x[:, :, torch.arange(s_groups * ts, device=x.device).clamp(max=s - 1)]
+        grouped = x.reshape(b, h, s_groups, ts, d // cs, cs)  # (B, H, S_groups, ts, D_groups, cs)
+        mn, mx = grouped.amin(dim=(3, 5)), grouped.amax(dim=(3, 5))  # (B, H, S_groups, D_groups)
+        if self.granularity == "tensor":
+            mn, mx = mn.amin(dim=(0, 1), keepdim=True), mx.amax(dim=(0, 1), keepdim=True)  # (1, 1, 1, 1)
+        return mn, mx
+
+    def to_tokens(self, stat: torch.Tensor) -> torch.Tensor:
+        """Stats (b, h, S_groups, D_groups) -> (B, H, S, D_groups): each token gets its group's value."""
+        b, h, s, _ = self.shape
+        per_token = stat.repeat_interleave(self.token_span, dim=2)[:, :, :s]
+        return per_token.expand(b, h, s, stat.shape[3])
+
+    def to_elements(self, stat: torch.Tensor) -> torch.Tensor:
+        """Stats (b, h, S_groups, D_groups) -> (B, H, S, D): each element gets its group's value."""
+        return self.to_tokens(stat).repeat_interleave(self.channel_span, dim=3)
+
+
+def round_up_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Positive float32 x -> the smallest value of `dtype` that is >= x (so a stored step never shrinks)."""
+    stored = x.to(dtype)
+    if dtype == torch.float32:
+        return stored
+    too_small = stored.float() < x
+    # Positive floats are ordered like their bit patterns: +1 on the integer view is the next value up.
+    bumped = (stored.view(_INT_VIEW[stored.element_size()]) + 1).view(dtype)
+    return torch.where(too_small, bumped, stored)
+
+
+class RTNTensor(QuantizedTensor):
+    """RTN-quantized (B, H, S, D) tensor: packed codes + stored steps (+ zero points when asymmetric)."""
+
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        step: torch.Tensor,
+        zero: torch.Tensor | None,
+        bits: int,
+        layout: GroupLayout,
+        rotation: RandomHadamard | None = None,
+    ):
+        self.packed = packed  # (ceil(B*H*S*D*bits/8),) uint8
+        self.step = step  # (b, h, S_groups, D_groups) in scale_dtype
+        self.zero = zero  # like step, in zero_dtype; None when symmetric
+        self.bits = bits
+        self.layout = layout
+        self.shape = layout.shape
+        self.rotation = rotation
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.packed, self.step, self.zero)
+
+    def codes(self) -> torch.Tensor:
+        """(B, H, S, D) uint8 codes."""
+        return unpack_codes(self.packed, self.bits, self.shape)
+
+    def _dequantize_rotated(self) -> torch.Tensor:
+        step = self.layout.to_elements(self.step.float())  # (B, H, S, D)
+        if self.zero is None:
+            zero = torch.tensor(float(1 << (self.bits - 1)), device=step.device)
+        else:
+            zero = self.layout.to_elements(self.zero.float() + zero_offset(self.zero.dtype, self.bits))  # (B, H, S, D)
+        return (self.codes().float() - zero) * step
+
+    def token_steps(self) -> torch.Tensor:
+        """(B, H, S, G) float32 steps: each token's step per channel group (rotated basis)."""
+        return self.layout.to_tokens(self.step.float()).contiguous()
+
+    def group_steps(self) -> GroupSteps:
+        from jensenkv.correction import GroupSteps
+
+        return GroupSteps(step=self.token_steps(), rotation=self.rotation)
+
+
+def zero_offset(zero_dtype: torch.dtype, bits: int) -> int:
+    """An int8 zero point is stored centred (z - 2^(B-1)) so that every z in [0, 2^B - 1] fits."""
+    return 1 << (bits - 1) if zero_dtype == torch.int8 else 0
+
+
+def rtn_quantize(
+    x: torch.Tensor,
+    bits: int,
+    granularity: str,
+    group_size: int,
+    symmetric: bool = False,
+    scale_dtype: torch.dtype = torch.float16,
+    zero_dtype: torch.dtype = torch.int8,
+    rotation: RandomHadamard | None = None,
+) -> RTNTensor:
+    """Quantize x (B, H, S, D) (already rotated if `rotation` is given, which is only recorded)."""
+    x = x.float()
+    layout = GroupLayout(granularity, group_size, tuple(x.shape))
+    mn, mx = layout.group_min_max(x)  # (b, h, S_groups, D_groups)
+    levels = (1 << bits) - 1
+    integer_zero = not zero_dtype.is_floating_point
+    # Constant group (zero range): a step of |value| (1 at 0) puts the value on a code exactly.
+    constant = mn == mx
+    constant_step = torch.where(mn != 0, mn.abs(), torch.ones_like(mn))
+    if symmetric:
+        step = torch.maximum(-mn, mx) / ((1 << (bits - 1)) - 1)
+    else:
+        step = (mx - mn) / levels
+        if integer_zero:
+            # Groups whose zero point would not fit the integer dtype: widen their range to include 0.
+            info, offset = torch.iinfo(zero_dtype), zero_offset(zero_dtype, bits)
+            z = torch.round(-mn / round_up_to_dtype(step, scale_dtype).float()) - offset
+            bad = (z < info.min) | (z > info.max)
+            mn = torch.where(bad, mn.clamp(max=0.0), mn)
+            mx = torch.where(bad, mx.clamp(min=0.0), mx)
+            step = (mx - mn) / levels
+    step = round_up_to_dtype(torch.where(constant, constant_step, step), scale_dtype)
+    step_f = step.float()
+
+    if symmetric:
+        zero, zero_f = None, float(1 << (bits - 1))
+    elif integer_zero:
+        info, offset = torch.iinfo(zero_dtype), zero_offset(zero_dtype, bits)
+        zero = (torch.round(-mn / step_f) - offset).clamp(info.min, info.max).to(zero_dtype)
+        zero_f = zero.float() + offset
+    else:
+        # Real-valued zero: the group minimum sits on code 0. A stored rounding error below 0.5 keeps
+        # every code inside [0, 2^B - 1] (the range spans at most 2^B - 1 steps), so no clamping.
+        zero = (-mn / step_f).to(zero_dtype)
+        zero_f = zero.float()
+    step_e = layout.to_elements(step_f)  # (B, H, S, D)
+    zero_e = layout.to_elements(zero_f) if isinstance(zero_f, torch.Tensor) else zero_f
+    if integer_zero or symmetric:
+        codes = torch.round(x / step_e) + zero_e
+    else:
+        codes = torch.round(x / step_e + zero_e)
+    codes = codes.clamp(0, levels).to(torch.uint8)  # (B, H, S, D)
+    return RTNTensor(pack_codes(codes, bits), step, zero, bits, layout, rotation)

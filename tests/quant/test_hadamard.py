@@ -1,0 +1,32 @@
+"""RandomHadamard: orthogonal, q.k preserved, seeded, power-of-two only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jensenkv.quant import RandomHadamard, walsh_hadamard
+
+
+def test_inverse_undoes_apply_and_dot_products_are_kept():
+    rot = RandomHadamard(64, seed=1)
+    q, k = torch.randn(3, 5, 64), torch.randn(3, 7, 64)
+    assert torch.allclose(rot.inverse(rot.apply(k)), k, atol=1e-5)
+    assert torch.allclose(rot.apply(q) @ rot.apply(k).transpose(-1, -2), q @ k.transpose(-1, -2), atol=1e-4)
+
+
+def test_walsh_hadamard_matches_dense_sylvester_matrix():
+    h = torch.ones(1, 1)
+    while h.shape[0] < 16:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    x = torch.randn(4, 16)
+    assert torch.allclose(walsh_hadamard(x), x @ h.T / 4, atol=1e-5)
+
+
+def test_seeded_signs():
+    assert torch.equal(RandomHadamard(32, 7).signs, RandomHadamard(32, 7).signs)
+    assert not torch.equal(RandomHadamard(32, 7).signs, RandomHadamard(32, 8).signs)
+
+
+def test_non_power_of_two_is_rejected():
+    with pytest.raises(ValueError, match=r"head_dim=96 .*power of two"):
+        RandomHadamard(96)
