@@ -1,15 +1,37 @@
 """The Jensen bias of quantized cached keys and its correction.
 
-(Contract stub: GroupSteps is shared by the quantizers, the cache and attention. The rest of this
-module is filled in with the reference and compact bias forms.)
+A cached key k_hat = k + e with e_c ~ U(-D_c/2, D_c/2) (D_c the rounding step of channel c) gives
+the score error q.e * scale with mean 0, but E[exp(s + err)] > exp(s) (Jensen): the cached block
+steals softmax mass. Subtracting b = log E[exp(scale * q.e)] from the cached scores removes it:
+
+- exact:  b = sum_c log(sinh(x_c) / x_c),  x_c = scale * q_c * D_c / 2
+- taylor: b = sum_c (scale * q_c * D_c)^2 / 24   (= Var / 2, the second-order term; b_taylor >= b_exact)
+
+``jensen_bias`` is the reference form on per-channel steps; ``group_bias`` is the compact form on
+``GroupSteps`` (one step per group of g contiguous channels) that the fast attention paths use.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from jensenkv.quant.hadamard import RandomHadamard
+
+BIAS_METHODS = ("taylor", "exact")
+
+# |x| below this uses the power series of log(sinh x / x); above, the asymptotic form (both are
+# accurate to float64 rounding there: the series' error ~ (0.5/pi)^16, the other form's cancellation
+# loses < 4 bits at x = 0.5).
+_SERIES_SWITCH = 0.5
+_SERIES_TERMS_SMALL = 8
+# group_bias(exact) uses the series as matmuls while scale/2 * max|q| * max D <= this bound.
+SERIES_MAX_ARG = 1.5
+_SERIES_TERMS_GROUP = 14  # truncation error ~ (1.5/pi)^28 / 14 ~ 1e-10 at the bound
+# fallback: elements per query tile of the elementwise exact bias (bounds its memory)
+_TILE_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -24,3 +46,197 @@ class GroupSteps:
 
     step: torch.Tensor  # (B, H, K, G)
     rotation: RandomHadamard | None = None
+
+
+def validate_method(method: str, argument: str = "method") -> None:
+    """Raise ValueError unless ``method`` names a bias form."""
+    if method not in BIAS_METHODS:
+        raise ValueError(f"{argument}={method!r} is not allowed: use one of {BIAS_METHODS}")
+
+
+def _default_scale(scale: float | None, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else (bf16, fp16, fp32) is evaluated in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@lru_cache(maxsize=None)
+def log_sinhc_series_coefficients(terms: int) -> tuple[float, ...]:
+    """a_n, n = 1..terms, of log(sinh x / x) = sum_n a_n x^(2n): a_n = 2^(2n) B_(2n) / (2n (2n)!)."""
+    from sympy import bernoulli, factorial  # exact rationals; imported lazily (slow import)
+
+    return tuple(
+        float(2 ** (2 * n) * bernoulli(2 * n) / (2 * n * factorial(2 * n))) for n in range(1, terms + 1)
+    )
+
+
+def log_sinhc(x: torch.Tensor) -> torch.Tensor:
+    """log(sinh(x) / x), elementwise, finite for every finite x (even function, 0 at x = 0)."""
+    ax = x.abs()
+    small = ax < _SERIES_SWITCH
+    # series on |x| < 0.5: x^2 (a_1 + x^2 (a_2 + ...)) by Horner
+    xs = torch.where(small, ax, torch.zeros_like(ax))
+    x2 = xs * xs
+    acc = torch.zeros_like(x2)
+    for a_n in reversed(log_sinhc_series_coefficients(_SERIES_TERMS_SMALL)):
+        acc = (acc + a_n) * x2
+    # asymptotic form: log((e^x - e^-x) / 2x) = |x| - log(2|x|) + log1p(-e^(-2|x|))
+    xl = torch.where(small, torch.ones_like(ax), ax)
+    large = xl - torch.log(2 * xl) + torch.log1p(-torch.exp(-2 * xl))
+    return torch.where(small, acc, large)
+
+
+def jensen_bias(
+    q: torch.Tensor, step: torch.Tensor, method: str = "taylor", scale: float | None = None
+) -> torch.Tensor:
+    """Reference Jensen bias on per-channel steps (builds the (..., Q, K, d) tensor: test sizes only).
+
+    q: (..., Q, d) queries; step: (..., K, d) quantization step of each channel of each cached key
+    (leading dims broadcast). Returns b: (..., Q, K), to subtract from ``scale * q.k``.
+    ``scale`` defaults to 1/sqrt(d).
+    """
+    validate_method(method)
+    if q.ndim < 2 or step.ndim < 2:
+        raise ValueError(
+            f"q.shape={tuple(q.shape)}, step.shape={tuple(step.shape)}: both need at least 2 dims (..., N, d)"
+        )
+    if q.shape[-1] != step.shape[-1]:
+        raise ValueError(
+            f"step.shape={tuple(step.shape)} does not match q.shape={tuple(q.shape)}: "
+            "the last dims (channels d) must be equal"
+        )
+    try:
+        torch.broadcast_shapes(q.shape[:-2], step.shape[:-2])
+    except RuntimeError as err:
+        raise ValueError(
+            f"step.shape={tuple(step.shape)} and q.shape={tuple(q.shape)}: leading dims must broadcast"
+        ) from err
+    dtype = _work_dtype(torch.promote_types(q.dtype, step.dtype))
+    scale = _default_scale(scale, q.shape[-1])
+    # x = scale * q_c * D_kc / 2 for every (query, key, channel)
+    x = 0.5 * scale * q.to(dtype).unsqueeze(-2) * step.to(dtype).unsqueeze(-3)  # (..., Q, K, d)
+    if method == "taylor":
+        return (x * x / 6.0).sum(-1)  # (scale q D)^2 / 24 = x^2 / 6
+    return log_sinhc(x).sum(-1)
+
+
+def expand_group_steps(steps: GroupSteps, head_dim: int) -> torch.Tensor:
+    """Per-channel steps (B, H, K, D) from group steps (B, H, K, G): each group's step repeated g times."""
+    _validate_group_count(steps.step.shape[-1], head_dim)
+    return steps.step.repeat_interleave(head_dim // steps.step.shape[-1], dim=-1)  # (B, H, K, D)
+
+
+def bias_basis_query(q: torch.Tensor, steps: GroupSteps) -> torch.Tensor:
+    """The query in the basis the steps live in: rotation.apply(q) when the keys were rotated."""
+    return q if steps.rotation is None else steps.rotation.apply(q)
+
+
+def query_group_sq_norms(q: torch.Tensor, groups: int) -> torch.Tensor:
+    """Squared norm of each group of g = D // groups contiguous channels: (B, H, Q, D) -> (B, H, Q, G)."""
+    _validate_group_count(groups, q.shape[-1])
+    return q.unflatten(-1, (groups, q.shape[-1] // groups)).square().sum(-1)  # (B, H, Q, G)
+
+
+def _validate_group_count(groups: int, head_dim: int) -> None:
+    if groups < 1 or head_dim % groups:
+        raise ValueError(
+            f"steps.step.shape[-1]={groups} (groups G) is not allowed for head_dim={head_dim}: "
+            "G must divide head_dim"
+        )
+
+
+def validate_group_steps(q: torch.Tensor, steps: GroupSteps, argument: str = "steps") -> None:
+    """Raise ValueError unless ``steps`` fits queries q (B, H, Q, D)."""
+    step = steps.step
+    if q.ndim != 4:
+        raise ValueError(f"q.shape={tuple(q.shape)} is not allowed: q must be (B, H, Q, D)")
+    if step.ndim != 4 or step.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"{argument}.step.shape={tuple(step.shape)} does not fit q.shape={tuple(q.shape)}: "
+            "it must be (B, H, K, G) with the same B and H as q"
+        )
+    groups = step.shape[-1]
+    if groups < 1 or q.shape[-1] % groups:
+        raise ValueError(
+            f"{argument}.step.shape[-1]={groups} (groups G) is not allowed for head_dim={q.shape[-1]}: "
+            "G must divide head_dim"
+        )
+    if steps.rotation is not None and steps.rotation.dim != q.shape[-1]:
+        raise ValueError(
+            f"{argument}.rotation.dim={steps.rotation.dim} does not match head_dim={q.shape[-1]}"
+        )
+
+
+def group_bias(
+    q: torch.Tensor,
+    steps: GroupSteps,
+    method: str = "taylor",
+    scale: float | None = None,
+    strength: float = 1.0,
+) -> torch.Tensor:
+    """Compact Jensen bias, never materializing a (Q, K, D) tensor.
+
+    q: (B, H, Q, D) queries in the original basis; steps.step: (B, H, K, G). Returns
+    strength * b: (B, H, Q, K), equal to ``jensen_bias`` on the expanded per-channel steps (of the
+    rotated query when ``steps.rotation`` is set). Evaluated in float32 (float64 for float64 input).
+    """
+    validate_method(method)
+    validate_group_steps(q, steps)
+    if not math.isfinite(strength):
+        raise ValueError(f"strength={strength} is not allowed: it must be a finite number")
+    dtype = _work_dtype(q.dtype)
+    scale = _default_scale(scale, q.shape[-1])
+    qb = bias_basis_query(q.to(dtype), steps)  # (B, H, Q, D)
+    step = steps.step.to(dtype)  # (B, H, K, G)
+    if method == "taylor":
+        qn2 = query_group_sq_norms(qb, step.shape[-1])  # (B, H, Q, G)
+        bias = (scale * scale / 24.0) * (qn2 @ step.square().transpose(-1, -2))  # (B, H, Q, K)
+    else:
+        bias = _exact_group_bias(qb, step, scale)
+    return bias * strength if strength != 1.0 else bias
+
+
+def _exact_group_bias(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:
+    """Exact bias: series matmuls when every |x| <= SERIES_MAX_ARG, else query-tiled elementwise."""
+    q_max = qb.abs().amax()
+    arg_bound = 0.5 * scale * q_max * step.abs().amax()  # >= max |x| over all (query, key, channel)
+    if q_max == 0 or arg_bound <= SERIES_MAX_ARG:
+        return _exact_group_bias_series(qb, step, scale, q_max)
+    return _exact_group_bias_tiled(qb, step, scale)
+
+
+def _exact_group_bias_series(
+    qb: torch.Tensor, step: torch.Tensor, scale: float, q_max: torch.Tensor
+) -> torch.Tensor:
+    """sum_n a_n (scale D_kj / 2)^(2n) sum_{c in j} q_c^(2n): one (Q, G) x (G, K) matmul per term.
+
+    q is normalized by max|q| (folded into the step) so that q^(2n) cannot overflow.
+    """
+    groups = step.shape[-1]
+    q_unit = qb / q_max.clamp_min(torch.finfo(qb.dtype).tiny)  # (B, H, Q, D), |.| <= 1
+    u = 0.5 * scale * q_max * step  # (B, H, K, G), <= SERIES_MAX_ARG
+    q_sq = q_unit.square().unflatten(-1, (groups, -1))  # (B, H, Q, G, g)
+    u_sq = u.square()  # (B, H, K, G)
+    q_pow, u_pow = q_sq, u_sq
+    bias = torch.zeros(*qb.shape[:-1], step.shape[-2], dtype=qb.dtype, device=qb.device)  # (B, H, Q, K)
+    for a_n in log_sinhc_series_coefficients(_SERIES_TERMS_GROUP):
+        bias = bias + a_n * (q_pow.sum(-1) @ u_pow.transpose(-1, -2))
+        q_pow, u_pow = q_pow * q_sq, u_pow * u_sq
+    return bias
+
+
+def _exact_group_bias_tiled(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:
+    """Elementwise exact bias over query tiles: memory (tile, K, D) with tile*K*D <= _TILE_ELEMENTS."""
+    batch, heads, n_q, dim = qb.shape
+    n_k, groups = step.shape[-2:]
+    half = 0.5 * scale * step.unsqueeze(-3).unsqueeze(-1)  # (B, H, 1, K, G, 1)
+    tile = max(1, _TILE_ELEMENTS // max(1, batch * heads * n_k * dim))
+    out = []
+    for start in range(0, n_q, tile):
+        q_tile = qb[:, :, start : start + tile].unflatten(-1, (groups, dim // groups))  # (B, H, t, G, g)
+        x = q_tile.unsqueeze(-3) * half  # (B, H, t, K, G, g)
+        out.append(log_sinhc(x).sum((-1, -2)))  # (B, H, t, K)
+    return torch.cat(out, dim=-2)  # (B, H, Q, K)

@@ -1,0 +1,23 @@
+"""Attention over [quantized cache, current chunk] with the Jensen-bias correction.
+
+reference_attention is the oracle; cached_attention the fast CPU path (one SDPA call);
+flex_cached_attention the FlexAttention path (compiled on GPU); attention_probes the diagnostics.
+"""
+from __future__ import annotations
+
+from jensenkv.attention._inputs import CORRECTIONS, SegmentLike
+from jensenkv.attention.cpu import cached_attention
+from jensenkv.attention.flex import flex_cached_attention
+from jensenkv.attention.probes import PROBE_KEYS, attention_probes, jensen_shannon
+from jensenkv.attention.reference import reference_attention
+
+__all__ = [
+    "CORRECTIONS",
+    "PROBE_KEYS",
+    "SegmentLike",
+    "attention_probes",
+    "cached_attention",
+    "flex_cached_attention",
+    "jensen_shannon",
+    "reference_attention",
+]

@@ -1,0 +1,46 @@
+"""The oracle: plain softmax attention over [cached chunks, current chunk] with an explicit bias.
+
+Readable rather than fast: float64 throughout, the full (Q, K) score matrix and the per-channel
+reference bias ``jensen_bias`` (which builds (Q, K, D)). Every fast path is tested against it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
+from jensenkv.correction import bias_basis_query, expand_group_steps, jensen_bias
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
+    segments: Sequence[SegmentLike],
+    correction: str = "none",
+    scale: float | None = None,
+    strength: float = 1.0,
+) -> torch.Tensor:
+    """softmax(scale * q K^T - bias) V over the cached segments followed by the current chunk.
+
+    q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv); segments: cached chunks, oldest
+    first. The bias (``correction`` in "none" | "taylor" | "exact", times ``strength``) is subtracted
+    from the columns of segments that carry steps only, never from the current chunk.
+    Returns (B, H, Q, Dv) in q's dtype.
+    """
+    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
+    scale = resolve_scale(scale, q.shape[-1])
+    q64 = q.double()  # (B, H, Q, D)
+    scores, values = [], []
+    for seg in segments:
+        s = scale * q64 @ seg.k.double().transpose(-1, -2)  # (B, H, Q, K_i)
+        if correction != "none" and seg.steps is not None:
+            step = expand_group_steps(seg.steps, q.shape[-1]).double()  # (B, H, K_i, D)
+            s = s - strength * jensen_bias(bias_basis_query(q64, seg.steps), step, correction, scale)
+        scores.append(s)
+        values.append(seg.v.double())  # (B, H, K_i, Dv)
+    scores.append(scale * q64 @ k_cur.double().transpose(-1, -2))  # (B, H, Q, R): never corrected
+    values.append(v_cur.double())
+    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # (B, H, Q, K_total)
+    return (probs @ torch.cat(values, dim=-2)).to(q.dtype)  # (B, H, Q, Dv)

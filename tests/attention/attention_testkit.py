@@ -1,0 +1,65 @@
+"""Random inputs for the attention tests: queries, a current chunk, and cached segments.
+
+Segments are ``jensenkv.cache.CacheSegment`` (the attention paths read only k, v, steps, k_ref, v_ref).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from jensenkv.cache import CacheSegment
+from jensenkv.correction import GroupSteps
+from jensenkv.quant.hadamard import RandomHadamard
+
+
+@dataclass
+class AttentionCase:
+    q: torch.Tensor  # (B, H, Q, D)
+    k_cur: torch.Tensor  # (B, H, R, D)
+    v_cur: torch.Tensor  # (B, H, R, Dv)
+    segments: list[CacheSegment]
+
+
+def make_case(
+    groups: int,
+    rotated: bool,
+    seed: int = 0,
+    batch: int = 2,
+    heads: int = 2,
+    n_q: int = 6,
+    head_dim: int = 128,
+    value_dim: int = 64,
+    step_range: tuple[float, float] = (2.0, 6.0),
+    dtype: torch.dtype = torch.float32,
+) -> AttentionCase:
+    """Two quantized segments (12 and 5 keys, with steps) around a full-precision one (7 keys, no steps).
+
+    Steps in ``step_range`` make the mean Taylor bias O(1) at scale 1/sqrt(D), so a wrong bias shows.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rotation = RandomHadamard(head_dim, seed=seed + 1) if rotated else None
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    def segment(n_keys: int, with_steps: bool) -> CacheSegment:
+        lo, hi = step_range
+        step = lo + (hi - lo) * torch.rand(batch, heads, n_keys, groups, generator=gen)  # (B, H, K, G)
+        steps = GroupSteps(step.to(dtype), rotation) if with_steps else None
+        k, v = rand(batch, heads, n_keys, head_dim), rand(batch, heads, n_keys, value_dim)
+        return CacheSegment(k=k, v=v, steps=steps, k_ref=k + 0.1 * rand(*k.shape), v_ref=v + 0.1 * rand(*v.shape))
+
+    segments = [segment(12, True), segment(7, False), segment(5, True)]
+    return AttentionCase(
+        q=rand(batch, heads, n_q, head_dim),
+        k_cur=rand(batch, heads, 4, head_dim),
+        v_cur=rand(batch, heads, 4, value_dim),
+        segments=segments,
+    )
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64."""
+    expected = expected.double()
+    return ((actual.double() - expected).norm() / expected.norm()).item()
