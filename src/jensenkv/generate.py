@@ -1,0 +1,178 @@
+"""The chunk-wise autoregressive generation loop over a model adapter with a (quantized) KV cache.
+
+Per chunk: draw noise, denoise it over ``steps`` Euler (or x0-renoise) steps on a shifted flow schedule
+while it attends to the cache of earlier chunks, then commit its clean keys and values (one extra forward
+at t = 0 per CFG branch, quantized once on commit). Flow matching, Wan convention:
+x_t = (1 - t) x0 + t eps, the model predicts v = eps - x0.
+
+The loop is model-agnostic: an adapter (see ``jensenkv.models.wan.ChunkwiseAdapter``) provides
+``reset``, ``set_prompt``, ``denoise``, ``commit``, ``decode``, ``latent_frame_shape`` and ``clean_range``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+SAMPLERS = ("euler", "x0_renoise")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How one video is sampled chunk by chunk.
+
+    kv_range: optional per-denoising-stage limit on the number of cached chunks a chunk may attend to
+        (the most recent ones the cache shows; ``None`` entries mean no limit). The steps are split into
+        ``len(kv_range)`` equal stages, e.g. MAGI-1's noise2clean_kvrange=[5, 4, 3, 2] (which counts the
+        chunk itself) is ``kv_range=(4, 3, 2, 1)``.
+    commit_kv_range: the same limit for the clean commit pass.
+    sampler: "euler" (x <- x + (t_next - t) v) or "x0_renoise" (predict x0, re-noise to t_next with
+        fresh noise; the few-step consistency / DMD sampler of Self-Forcing).
+    """
+
+    num_chunks: int = 4
+    frames_per_chunk: int = 2
+    steps: int = 10
+    shift: float = 2.0
+    guidance_scale: float = 1.0
+    sampler: str = "euler"
+    kv_range: tuple[int | None, ...] | None = None
+    commit_kv_range: int | None = None
+    negative_prompt: str = ""
+
+    def validate(self) -> None:
+        for key in ("num_chunks", "frames_per_chunk", "steps"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key}={value!r} is not allowed: it must be an integer >= 1")
+        if not self.shift > 0:
+            raise ValueError(f"shift={self.shift!r} is not allowed: it must be > 0")
+        if not self.guidance_scale >= 0:
+            raise ValueError(f"guidance_scale={self.guidance_scale!r} is not allowed: it must be >= 0")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler={self.sampler!r} is not allowed: use one of {SAMPLERS}")
+        if self.kv_range is not None:
+            if not 1 <= len(self.kv_range) <= self.steps:
+                raise ValueError(f"kv_range={self.kv_range!r} is not allowed: it needs 1..steps={self.steps} "
+                                 "entries (one per denoising stage)")
+            for r in self.kv_range:
+                check_kv_range(r, "kv_range")
+        check_kv_range(self.commit_kv_range, "commit_kv_range")
+
+    @property
+    def use_cfg(self) -> bool:
+        return self.guidance_scale != 1.0
+
+    def kv_range_at(self, step: int) -> int | None:
+        """The kv-range of denoising step ``step`` (0-based): stage = step * stages // steps."""
+        if self.kv_range is None:
+            return None
+        return self.kv_range[step * len(self.kv_range) // self.steps]
+
+
+def check_kv_range(value: int | None, key: str = "kv_range") -> None:
+    """A kv-range is None (no limit) or an integer >= 0 (number of visible cached chunks)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"{key}={value!r} is not allowed: use null or an integer >= 0 (visible cached chunks)")
+
+
+def flow_sigmas(steps: int, shift: float) -> torch.Tensor:
+    """(steps + 1,) noise levels from 1 to 0 on the shifted schedule shift*s / (1 + (shift-1)*s) (Wan/SD3)."""
+    if steps < 1:
+        raise ValueError(f"steps={steps} is not allowed: it must be >= 1")
+    if not shift > 0:
+        raise ValueError(f"shift={shift} is not allowed: it must be > 0")
+    s = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return (shift * s / (1 + (shift - 1) * s)).float()
+
+
+class ChunkwiseModel(Protocol):
+    """What ``generate_video`` needs from a model adapter."""
+
+    generation: GenerationConfig              # the model's sampling defaults
+    latent_frame_shape: tuple[int, int, int]  # (C, H, W) of one latent frame
+    clean_range: tuple[float, float] | None   # clamp committed chunks to this range (pixel-space models)
+    device: torch.device
+    quantize_seconds: float
+
+    def reset(self) -> None: ...
+    def set_prompt(self, prompt: str, negative_prompt: str | None) -> None: ...
+    def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str, *,
+                step: int | None = None, kv_range: int | None = None) -> torch.Tensor: ...
+    def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str, *,
+               kv_range: int | None = None) -> None: ...
+    def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
+    def probes(self) -> list[dict] | None: ...
+
+
+@dataclass
+class GenerationResult:
+    video: torch.Tensor                 # (F, C, H, W) float32 in [0, 1], decoded
+    latents: torch.Tensor               # (1, C, F_latent, H_latent, W_latent) float32, the clean chunks
+    probes: list[dict] | None           # one dict per (layer, step, chunk, branch) when probes are on
+    timings: dict[str, Any] = field(default_factory=dict)  # total_s, quantize_s, decode_s, per_chunk_s
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
+                   config: GenerationConfig | None = None) -> GenerationResult:
+    """Generate one video chunk by chunk; the same seed and config give the same video bit for bit on CPU.
+
+    Noise comes from a CPU generator seeded with ``seed`` (one (1, C, F, H, W) draw per chunk, plus one per
+    re-noising step for "x0_renoise"), so results do not depend on the device's RNG.
+    """
+    cfg = config if config is not None else adapter.generation
+    cfg.validate()
+    branches = ("cond", "uncond") if cfg.use_cfg else ("cond",)
+    adapter.reset()
+    adapter.set_prompt(prompt, cfg.negative_prompt if cfg.use_cfg else None)
+    sigmas = flow_sigmas(cfg.steps, cfg.shift).tolist()
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    c, h, w = adapter.latent_frame_shape
+    shape = (1, c, cfg.frames_per_chunk, h, w)
+    device = adapter.device
+
+    _sync(device)
+    start = time.perf_counter()
+    chunks, per_chunk = [], []
+    for chunk_index in range(cfg.num_chunks):
+        chunk_start = time.perf_counter()
+        x = torch.randn(shape, generator=gen).to(device)  # (1, C, F, H, W) pure noise at t = 1
+        for step in range(cfg.steps):
+            t, t_next = sigmas[step], sigmas[step + 1]
+            kv_range = cfg.kv_range_at(step)
+            v = {b: adapter.denoise(x, t, chunk_index, b, step=step, kv_range=kv_range) for b in branches}
+            vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
+            if cfg.sampler == "euler":
+                x = x + (t_next - t) * vel
+            else:  # x0_renoise
+                x0 = x - t * vel
+                x = x0 if t_next == 0 else (1 - t_next) * x0 + t_next * torch.randn(shape, generator=gen).to(device)
+        if adapter.clean_range is not None:
+            x = x.clamp(*adapter.clean_range)
+        for b in branches:
+            adapter.commit(x, chunk_index, b, kv_range=cfg.commit_kv_range)
+        chunks.append(x.float())
+        _sync(device)
+        per_chunk.append(time.perf_counter() - chunk_start)
+
+    latents = torch.cat(chunks, dim=2)  # (1, C, F_total, H, W)
+    decode_start = time.perf_counter()
+    video = adapter.decode(latents)  # (F, C, H, W) in [0, 1]
+    _sync(device)
+    end = time.perf_counter()
+    timings = {
+        "total_s": end - start,
+        "quantize_s": adapter.quantize_seconds,
+        "decode_s": end - decode_start,
+        "per_chunk_s": per_chunk,
+    }
+    return GenerationResult(video=video.float().cpu(), latents=latents.cpu(), probes=adapter.probes(),
+                            timings=timings)
