@@ -41,6 +41,10 @@ def make_adapter(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = N
                             cache or full_precision_cache(), attention)
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
 def int2_cache() -> CacheConfig:
     return CacheConfig(key=QuantConfig(bits=2, group_size=4), value=QuantConfig(bits=2, group_size=4))
 
@@ -91,8 +95,8 @@ def test_kv_range_schedule_is_honoured(monkeypatch):
     inner = attention_lib.cached_attention
 
     def recording(q, k_cur, v_cur, segments, **kwargs):
-        s = adapter.state
-        seen[(s.mode, s.chunk_index, s.step)] = len(segments)
+        (chunk,) = adapter.state.window  # window_size 1: one chunk per forward
+        seen[(adapter.state.mode, chunk.index, chunk.step)] = len(segments)
         return inner(q, k_cur, v_cur, segments, **kwargs)
 
     monkeypatch.setattr(attention_lib, "cached_attention", recording)
@@ -153,3 +157,190 @@ def test_bfloat16_model_runs_end_to_end():
     cast_like_diffusers(adapter.transformer, torch.bfloat16)
     bf16 = generate_video(adapter, "a red square", seed=3)
     assert bool(torch.isfinite(bf16.video).all()) and float((bf16.video - fp32.video).abs().max()) < 0.1
+
+
+# --- MAGI-1's pipelined staircase (window_size chunks in flight) ---------------------------------------------
+
+def sequential_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
+    """One chunk at a time, written out with the one-chunk ``denoise``: (1, C, F_total, H, W) clean latents."""
+    branches = ("cond", "uncond") if cfg.use_cfg else ("cond",)
+    adapter.reset()
+    adapter.set_prompt(prompt, cfg.negative_prompt if cfg.use_cfg else None)
+    sigmas = flow_sigmas(cfg.steps, cfg.shift).tolist()
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, 4, cfg.frames_per_chunk, 16, 16)
+    chunks = []
+    for c in range(cfg.num_chunks):
+        x = torch.randn(shape, generator=gen)
+        for step in range(cfg.steps):
+            t, t_next = sigmas[step], sigmas[step + 1]
+            v = {b: adapter.denoise(x, t, c, b, step=step, kv_range=cfg.kv_range_at(step)) for b in branches}
+            vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
+            if cfg.sampler == "euler":
+                x = x + (t_next - t) * vel
+            else:
+                x0 = x - t * vel
+                x = x0 if t_next == 0 else (1 - t_next) * x0 + t_next * torch.randn(shape, generator=gen)
+        for b in branches:
+            adapter.commit(x, c, b, kv_range=cfg.commit_kv_range)
+        chunks.append(x)
+    return torch.cat(chunks, dim=2)
+
+
+def staircase_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
+    """The staircase by definition, without a cache: each tick is one block-causal full forward over
+    [committed clean chunks at t = 0, in-flight chunks at their own t]. Euler, no CFG, no kv-range."""
+    adapter.reset()
+    adapter.set_prompt(prompt)
+    sigmas = flow_sigmas(cfg.steps, cfg.shift).tolist()
+    gen = torch.Generator().manual_seed(seed)
+    fpc, lag = cfg.frames_per_chunk, cfg.steps // cfg.window_size
+    clean: list[torch.Tensor] = []
+    noisy: dict[int, torch.Tensor] = {}
+    tick = 0
+    while len(clean) < cfg.num_chunks:
+        if tick % lag == 0 and tick // lag < cfg.num_chunks:
+            noisy[tick // lag] = torch.randn((1, 4, fpc, 16, 16), generator=gen)
+        order = sorted(noisy)
+        steps = [tick - i * lag for i in order]
+        t_frames = torch.tensor([0.0] * (len(clean) * fpc) + [sigmas[s] for s in steps for _ in range(fpc)])[None]
+        v = adapter.forward_full(torch.cat([*clean, *(noisy[i] for i in order)], dim=2), t_frames)
+        v = v[:, :, len(clean) * fpc:]  # (1, C, n*F, H, W): the in-flight chunks
+        for j, (i, s) in enumerate(zip(order, steps)):
+            noisy[i] = noisy[i] + (sigmas[s + 1] - sigmas[s]) * v[:, :, j * fpc:(j + 1) * fpc]
+        if steps[0] == cfg.steps - 1:
+            clean.append(noisy.pop(order[0]))
+        tick += 1
+    return torch.cat(clean, dim=2)
+
+
+@pytest.mark.parametrize("sampler", ["euler", "x0_renoise"])
+def test_window_size_one_is_the_sequential_loop_bit_for_bit(sampler):
+    """window_size=1 (the default) is the one-chunk-at-a-time loop, down to the last bit (CFG, INT2, Taylor)."""
+    cfg = GenerationConfig(**{**GEN.__dict__, "sampler": sampler, "kv_range": (None, 1, 0), "commit_kv_range": 1})
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"))
+    ours = generate_video(adapter, "a red square", seed=4, config=cfg)
+    assert torch.equal(ours.latents, sequential_reference(adapter, "a red square", 4, cfg))
+
+
+@pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
+def test_staircase_matches_the_block_causal_definition(cls):
+    """Unquantized cache: the windowed, cached generator equals ticks of full block-causal forwards."""
+    cfg = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=4, shift=2.0, window_size=2)
+    adapter = make_adapter(cls, generation=cfg)
+    ours = generate_video(adapter, "a red square", seed=2).latents
+    reference = staircase_reference(adapter, "a red square", 2, cfg)
+    assert float((ours - reference).abs().max()) < 1e-4
+    one_at_a_time = generate_video(adapter, "a red square", seed=2,
+                                   config=GenerationConfig(**{**cfg.__dict__, "window_size": 1})).latents
+    assert float((ours - one_at_a_time).abs().max()) > 1e-3  # the schedule changes the video
+
+
+@pytest.mark.parametrize("cache", ["bf16", "int2"])
+def test_staircase_is_deterministic_and_commits_each_chunk_once(cache):
+    cfg = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=6, shift=3.0, guidance_scale=5.0, window_size=3,
+                           sampler="x0_renoise", kv_range=(3, 2, 1))
+    adapter = make_adapter(cache=None if cache == "bf16" else int2_cache(),
+                           attention=AttentionSettings(correction="taylor"), generation=cfg)
+    first = generate_video(adapter, "a red square", seed=1)
+    for branch in ("cond", "uncond"):  # every chunk quantized exactly once per layer and branch
+        for layer_cache in adapter.caches(branch):
+            assert layer_cache.num_committed == cfg.num_chunks
+            assert layer_cache.key_quantizer.num_calls == layer_cache.value_quantizer.num_calls == cfg.num_chunks
+    second = generate_video(adapter, "a red square", seed=1)
+    assert torch.equal(first.latents, second.latents) and torch.equal(first.video, second.video)
+    assert first.latents.shape == (1, 4, cfg.num_chunks * cfg.frames_per_chunk, 16, 16)
+    assert len(first.timings["per_chunk_s"]) == cfg.num_chunks and bool(torch.isfinite(first.latents).all())
+
+
+@pytest.mark.parametrize("kv_range", [(4, 3, 2, 1), (1, 1, 0, 0), (None, 2, 1, 0)])
+def test_staircase_kv_range_counts_in_flight_chunks_first(monkeypatch, kv_range):
+    """Each in-flight chunk attends to itself, the most recent preceding chunks in its stage's range, in flight
+    first (full precision, as k_cur), then from the quantized cache. (4, 3, 2, 1) is MAGI-1's 4.5B schedule
+    (window 4, noise2clean_kvrange [5, 4, 3, 2]): at most one cached chunk is ever in view."""
+    cfg = GenerationConfig(num_chunks=6, frames_per_chunk=2, steps=4, shift=2.0, window_size=4, kv_range=kv_range)
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor", probes=True),
+                           generation=cfg)
+    tokens = cfg.frames_per_chunk * 8 * 8  # per chunk: frames x (16 / 2) x (16 / 2) patches
+    forwards: list[list[tuple]] = []
+    inner_attention, inner_window = attention_lib.cached_attention, adapter.denoise_window
+
+    def recording_window(*args, **kwargs):
+        forwards.append([])
+        return inner_window(*args, **kwargs)
+
+    def recording_attention(q, k_cur, v_cur, segments, **kwargs):
+        if adapter.state.mode == "cached":
+            assert all(s.steps is not None for s in segments)  # only committed, quantized chunks are cached
+            forwards[-1].append((k_cur.shape[2] // tokens, len(segments), adapter.caches()[0].num_committed))
+        return inner_attention(q, k_cur, v_cur, segments, **kwargs)
+
+    monkeypatch.setattr(attention_lib, "cached_attention", recording_attention)
+    monkeypatch.setattr(adapter, "denoise_window", recording_window)
+    probes = generate_video(adapter, "a red square", seed=0).probes
+
+    lag = cfg.steps // cfg.window_size
+    assert len(forwards) == (cfg.num_chunks - 1) * lag + cfg.steps  # one forward per tick, no CFG
+    probed, seen_cache = {(p["chunk"], p["step"]) for p in probes}, set()
+    for tick, calls in enumerate(forwards):
+        window = [i for i in range(cfg.num_chunks) if 0 <= tick - i * lag < cfg.steps]
+        assert len(calls) == 2 * len(window)  # per layer, one attention call per in-flight chunk
+        for call, (position, chunk) in zip(calls, [*enumerate(window)] * 2):
+            limit = cfg.kv_range_at(tick - chunk * lag)
+            in_flight = position if limit is None else min(position, limit)
+            committed = call[2]
+            assert committed == window[0]  # everything older than the window is committed, nothing else
+            assert call[:2] == (in_flight + 1, committed if limit is None else min(committed, limit - in_flight))
+            assert call[1] <= 1 or kv_range != (4, 3, 2, 1)
+            if call[1]:
+                seen_cache.add((chunk, tick - chunk * lag))
+    assert probed == seen_cache and len(probes) == 2 * len(seen_cache)  # probes: chunks that saw the cache
+
+
+def test_in_flight_chunks_are_never_corrected():
+    """A window forward whose chunks see no cached chunk (only each other) is untouched by the correction;
+    with the cache in view the correction acts. The earlier chunk ignores the later one (block-causal)."""
+    plain = make_adapter(cache=int2_cache())
+    fixed = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"))
+    gen = torch.Generator().manual_seed(3)
+    clean = [torch.randn(1, 4, 2, 16, 16, generator=gen) for _ in range(2)]
+    window = torch.randn(1, 4, 4, 16, 16, generator=gen)  # two in-flight chunks (2 and 3)
+    for adapter in (plain, fixed):
+        adapter.set_prompt("a red square")
+        for c in range(2):
+            adapter.commit(clean[c], c)
+    hidden = {"t": [0.3, 0.7], "first_chunk_index": 2, "steps": [2, 1], "kv_ranges": [0, 1]}
+    assert torch.equal(plain.denoise_window(window, **hidden), fixed.denoise_window(window, **hidden))
+    seen = {**hidden, "kv_ranges": [None, None]}
+    out_fixed = fixed.denoise_window(window, **seen)
+    assert rel_err(out_fixed, plain.denoise_window(window, **seen)) > 1e-5
+    alone = fixed.denoise(window[:, :, :2], 0.3, 2, step=2)
+    assert rel_err(out_fixed[:, :, :2], alone) < 1e-5
+
+
+def test_window_settings_are_checked():
+    for bad in ({"window_size": 0}, {"window_size": True}, {"steps": 4, "window_size": 3}):
+        with pytest.raises(ValueError, match="window_size"):
+            GenerationConfig(**bad).validate()
+    GenerationConfig(steps=4, window_size=4).validate()
+    adapter = make_adapter()
+    adapter.set_prompt("a red square")
+    window = torch.zeros(1, 4, 4, 16, 16)
+    with pytest.raises(ValueError, match="t with 3"):
+        adapter.denoise_window(window, [0.5, 0.4, 0.3], 0)
+    with pytest.raises(ValueError, match="kv_ranges"):
+        adapter.denoise_window(window, [0.5, 0.4], 0, kv_ranges=[None])
+    with pytest.raises(ValueError, match="kv_range"):
+        adapter.denoise_window(window, [0.5, 0.4], 0, kv_ranges=[None, -1])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backend", ["reference", "flex"])
+def test_staircase_agrees_across_attention_backends(backend):
+    """The window's k_cur (earlier in-flight chunks + itself) is longer than q: every backend takes it."""
+    cfg = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=4, shift=2.0, window_size=2, kv_range=(2, 1))
+    fast = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"), generation=cfg)
+    other = make_adapter(cache=int2_cache(), attention=AttentionSettings(backend=backend, correction="taylor"),
+                         generation=cfg)
+    ours, theirs = (generate_video(a, "a red square", seed=0).latents for a in (fast, other))
+    assert float((ours - theirs).abs().max()) < 1e-5

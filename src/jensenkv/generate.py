@@ -5,12 +5,21 @@ while it attends to the cache of earlier chunks, then commit its clean keys and 
 at t = 0 per CFG branch, quantized once on commit). Flow matching, Wan convention:
 x_t = (1 - t) x0 + t eps, the model predicts v = eps - x0.
 
+Schedule: ``window_size`` chunks are in flight at once, MAGI-1's pipelined staircase. Each model call
+(a "tick") advances every in-flight chunk by one step; a chunk enters ``steps // window_size`` ticks after
+the one before it, so chunk i is that many steps ahead of chunk i + 1. In the tick's single forward the
+in-flight chunks attend to the committed (quantized) cache and block-causally to the earlier in-flight
+chunks (full precision, never corrected). The oldest chunk leaves the window after its last step and is
+committed then, before the next tick. window_size = 1 is the plain one-chunk-at-a-time loop.
+
 The loop is model-agnostic: an adapter (see ``jensenkv.models.wan.ChunkwiseAdapter``) provides
-``reset``, ``set_prompt``, ``denoise``, ``commit``, ``decode``, ``latent_frame_shape`` and ``clean_range``.
+``reset``, ``set_prompt``, ``denoise_window``, ``commit``, ``decode``, ``latent_frame_shape`` and
+``clean_range``; the schedule is the adapter's ``generation`` config unless the caller passes another.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,11 +32,13 @@ SAMPLERS = ("euler", "x0_renoise")
 class GenerationConfig:
     """How one video is sampled chunk by chunk.
 
-    kv_range: optional per-denoising-stage limit on the number of cached chunks a chunk may attend to
-        (the most recent ones the cache shows; ``None`` entries mean no limit). The steps are split into
-        ``len(kv_range)`` equal stages, e.g. MAGI-1's noise2clean_kvrange=[5, 4, 3, 2] (which counts the
-        chunk itself) is ``kv_range=(4, 3, 2, 1)``.
-    commit_kv_range: the same limit for the clean commit pass.
+    kv_range: optional per-denoising-stage limit on the number of preceding chunks a chunk may attend to:
+        the most recent ones, earlier in-flight chunks first (window_size > 1), then the ones the cache shows;
+        ``None`` entries mean no limit. The steps are split into ``len(kv_range)`` equal stages, e.g.
+        MAGI-1's noise2clean_kvrange=[5, 4, 3, 2] (which counts the chunk itself) is ``kv_range=(4, 3, 2, 1)``.
+    commit_kv_range: the same limit (cached chunks) for the clean commit pass.
+    window_size: chunks denoised concurrently in MAGI-1's pipelined staircase (1: one chunk at a time).
+        It must divide ``steps``; chunk i is ``steps // window_size`` steps ahead of chunk i + 1.
     sampler: "euler" (x <- x + (t_next - t) v) or "x0_renoise" (predict x0, re-noise to t_next with
         fresh noise; the few-step consistency / DMD sampler of Self-Forcing).
     """
@@ -41,12 +52,16 @@ class GenerationConfig:
     kv_range: tuple[int | None, ...] | None = None
     commit_kv_range: int | None = None
     negative_prompt: str = ""
+    window_size: int = 1
 
     def validate(self) -> None:
-        for key in ("num_chunks", "frames_per_chunk", "steps"):
+        for key in ("num_chunks", "frames_per_chunk", "steps", "window_size"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{key}={value!r} is not allowed: it must be an integer >= 1")
+        if self.steps % self.window_size:
+            raise ValueError(f"window_size={self.window_size!r} is not allowed: it must divide steps={self.steps} "
+                             "(each in-flight chunk is steps // window_size steps ahead of the next)")
         if not self.shift > 0:
             raise ValueError(f"shift={self.shift!r} is not allowed: it must be > 0")
         if not self.guidance_scale >= 0:
@@ -99,8 +114,9 @@ class ChunkwiseModel(Protocol):
 
     def reset(self) -> None: ...
     def set_prompt(self, prompt: str, negative_prompt: str | None) -> None: ...
-    def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str, *,
-                step: int | None = None, kv_range: int | None = None) -> torch.Tensor: ...
+    def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int, branch: str, *,
+                       steps: Sequence[int | None] | None = None,
+                       kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor: ...
     def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str, *,
                kv_range: int | None = None) -> None: ...
     def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
@@ -113,6 +129,7 @@ class GenerationResult:
     latents: torch.Tensor               # (1, C, F_latent, H_latent, W_latent) float32, the clean chunks
     probes: list[dict] | None           # one dict per (layer, step, chunk, branch) when probes are on
     timings: dict[str, Any] = field(default_factory=dict)  # total_s, quantize_s, decode_s, per_chunk_s
+    # per_chunk_s: seconds from the previous commit (or the start) to each chunk's commit
 
 
 def _sync(device: torch.device) -> None:
@@ -120,13 +137,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def sampler_step(x: torch.Tensor, velocity: torch.Tensor, t: float, t_next: float, sampler: str,
+                 generator: torch.Generator) -> torch.Tensor:
+    """One step from flow time t to t_next; x, velocity (1, C, F, H, W).
+
+    "euler": x + (t_next - t) v. "x0_renoise": predict x0 = x - t v, re-noise it to t_next with fresh noise
+    drawn from ``generator`` (CPU) unless t_next = 0.
+    """
+    if sampler == "euler":
+        return x + (t_next - t) * velocity
+    x0 = x - t * velocity
+    if t_next == 0:
+        return x0
+    return (1 - t_next) * x0 + t_next * torch.randn(x.shape, generator=generator).to(x.device)
+
+
 @torch.no_grad()
 def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
                    config: GenerationConfig | None = None) -> GenerationResult:
     """Generate one video chunk by chunk; the same seed and config give the same video bit for bit on CPU.
 
-    Noise comes from a CPU generator seeded with ``seed`` (one (1, C, F, H, W) draw per chunk, plus one per
-    re-noising step for "x0_renoise"), so results do not depend on the device's RNG.
+    Noise comes from a CPU generator seeded with ``seed``: one (1, C, F, H, W) draw per chunk as it enters
+    the window, plus, for "x0_renoise", one per re-noising step of each in-flight chunk (oldest first), so
+    results do not depend on the device's RNG.
     """
     cfg = config if config is not None else adapter.generation
     cfg.validate()
@@ -136,32 +169,41 @@ def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
     sigmas = flow_sigmas(cfg.steps, cfg.shift).tolist()
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     c, h, w = adapter.latent_frame_shape
-    shape = (1, c, cfg.frames_per_chunk, h, w)
+    frames = cfg.frames_per_chunk
+    shape = (1, c, frames, h, w)
     device = adapter.device
+    lag = cfg.steps // cfg.window_size  # ticks between two chunks entering the window
+    num_ticks = (cfg.num_chunks - 1) * lag + cfg.steps
 
     _sync(device)
     start = time.perf_counter()
+    last_commit = start
+    in_flight: dict[int, torch.Tensor] = {}  # chunk index -> its latent (1, C, F, H, W), oldest first
     chunks, per_chunk = [], []
-    for chunk_index in range(cfg.num_chunks):
-        chunk_start = time.perf_counter()
-        x = torch.randn(shape, generator=gen).to(device)  # (1, C, F, H, W) pure noise at t = 1
-        for step in range(cfg.steps):
-            t, t_next = sigmas[step], sigmas[step + 1]
-            kv_range = cfg.kv_range_at(step)
-            v = {b: adapter.denoise(x, t, chunk_index, b, step=step, kv_range=kv_range) for b in branches}
-            vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
-            if cfg.sampler == "euler":
-                x = x + (t_next - t) * vel
-            else:  # x0_renoise
-                x0 = x - t * vel
-                x = x0 if t_next == 0 else (1 - t_next) * x0 + t_next * torch.randn(shape, generator=gen).to(device)
-        if adapter.clean_range is not None:
-            x = x.clamp(*adapter.clean_range)
-        for b in branches:
-            adapter.commit(x, chunk_index, b, kv_range=cfg.commit_kv_range)
-        chunks.append(x.float())
-        _sync(device)
-        per_chunk.append(time.perf_counter() - chunk_start)
+    for tick in range(num_ticks):
+        if tick % lag == 0 and tick // lag < cfg.num_chunks:
+            in_flight[tick // lag] = torch.randn(shape, generator=gen).to(device)  # pure noise at t = 1
+        window = list(in_flight)  # consecutive chunk indices, oldest first
+        steps = [tick - i * lag for i in window]  # the oldest is the furthest along
+        t = [sigmas[s] for s in steps]
+        x = torch.cat([in_flight[i] for i in window], dim=2)  # (1, C, n*F, H, W)
+        kv_ranges = [cfg.kv_range_at(s) for s in steps]
+        v = {b: adapter.denoise_window(x, t, window[0], b, steps=steps, kv_ranges=kv_ranges) for b in branches}
+        vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
+        for j, i in enumerate(window):
+            chunk_vel = vel[:, :, j * frames:(j + 1) * frames]  # (1, C, F, H, W)
+            in_flight[i] = sampler_step(in_flight[i], chunk_vel, t[j], sigmas[steps[j] + 1], cfg.sampler, gen)
+        if steps[0] == cfg.steps - 1:  # the oldest chunk is clean: commit it, it leaves the window
+            clean = in_flight.pop(window[0])
+            if adapter.clean_range is not None:
+                clean = clean.clamp(*adapter.clean_range)
+            for b in branches:
+                adapter.commit(clean, window[0], b, kv_range=cfg.commit_kv_range)
+            chunks.append(clean.float())
+            _sync(device)
+            now = time.perf_counter()
+            per_chunk.append(now - last_commit)
+            last_commit = now
 
     latents = torch.cat(chunks, dim=2)  # (1, C, F_total, H, W)
     decode_start = time.perf_counter()

@@ -27,7 +27,7 @@ from jensenkv.quant import QuantConfig
 KINDS = ("tiny", "diffusers")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERATION_KEYS = ("num_chunks", "frames_per_chunk", "steps", "shift", "guidance_scale", "sampler", "kv_range",
-                   "commit_kv_range", "negative_prompt")
+                   "commit_kv_range", "negative_prompt", "window_size")
 COMMON_KEYS = ("kind", "name", "device", "dtype", *GENERATION_KEYS)
 DIFFUSERS_KEYS = ("class", "path", "cache_dir", "height", "width", "max_sequence_length", "transformer_subfolder",
                   "transformer_checkpoint", "checkpoint_key", "fps", "vae_dtype")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -72,22 +72,36 @@ class AttentionSettings:
             raise ValueError(f"strength={self.strength!r} is not allowed: it must be >= 0")
 
 
+@dataclass(frozen=True)
+class InFlightChunk:
+    """One chunk of a "cached" / "commit" forward.
+
+    index: the chunk's position in the video; step: its denoising step (None for a commit pass);
+    kv_range: how many of the most recent preceding chunks it attends to, counting earlier in-flight
+        chunks of the same forward first, then cached ones (MAGI-1's k_range; None: all).
+    """
+
+    index: int
+    step: int | None = None
+    kv_range: int | None = None
+
+
 @dataclass
 class ChunkState:
     """What the processors and the RoPE hook need to know about the forward being run (shared by all layers).
 
     mode: "cached" (denoise over the cache), "commit" (attend like "cached", then commit this forward's
         K/V to the branch's cache) or "full" (no cache: full-sequence block-causal attention, the reference).
+    window: the consecutive chunks of a "cached" / "commit" forward, oldest first: one chunk, or the
+        chunks in flight of a staircase tick (MAGI-1), each attending to the cache and block-causally to
+        the window.
     start_frame: latent frame index of the first frame of the forward's input (shifts RoPE).
-    kv_range: at most this many of the most recent visible cached chunks are attended (None: all).
     """
 
     mode: str = "cached"
     branch: str = "cond"
-    chunk_index: int = 0
-    step: int | None = None
+    window: tuple[InFlightChunk, ...] = (InFlightChunk(0),)
     start_frame: int = 0
-    kv_range: int | None = None
     frames_per_chunk: int = 1
     tokens_per_frame: int = 1
     probe_records: list[dict] = field(default_factory=list)
@@ -111,6 +125,19 @@ def block_causal_mask(num_tokens: int, frames_per_chunk: int, tokens_per_frame: 
     return chunk[:, None] >= chunk[None, :]
 
 
+def window_context(position: int, kv_range: int | None) -> tuple[int, int | None]:
+    """What the in-flight chunk at ``position`` (0 = oldest) of a forward sees besides itself.
+
+    ``kv_range`` counts the most recent preceding chunks, in flight or cached (MAGI-1's k_range), so the
+    earlier in-flight chunks (the most recent ones) come first. Returns (earlier in-flight chunks visible,
+    cached-chunk limit for ``limit_kv_range``, None meaning all).
+    """
+    if kv_range is None:
+        return position, None
+    in_flight = min(position, kv_range)
+    return in_flight, kv_range - in_flight
+
+
 def limit_kv_range(segments: list[CacheSegment], kv_range: int | None) -> list[CacheSegment]:
     """The most recent ``kv_range`` visible cached chunks (all when None)."""
     if kv_range is None:
@@ -119,10 +146,11 @@ def limit_kv_range(segments: list[CacheSegment], kv_range: int | None) -> list[C
 
 
 class CachedSelfAttnProcessor:
-    """Self-attention of one layer over [cached chunks, current chunk] with quantize-on-commit.
+    """Self-attention of one layer over [cached chunks, current chunk(s)] with quantize-on-commit.
 
-    Keeps a ``ChunkedKVCache`` per CFG branch; the current chunk's K/V stay full precision and are never
-    corrected (the attention functions apply the bias to cached scores only).
+    Keeps a ``ChunkedKVCache`` per CFG branch; the current chunks' K/V (in flight, not committed) stay full
+    precision and are never corrected: they go to the attention functions as ``k_cur`` / ``v_cur``, and the
+    bias applies to cached scores only.
     """
 
     _attention_backend = None  # read by diffusers' set_attention_backend; unused here
@@ -185,11 +213,7 @@ class CachedSelfAttnProcessor:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, S, D)
         elif state.mode in ("cached", "commit"):
             cache = self.cache(state.branch)
-            segments = limit_kv_range(cache.segments(), state.kv_range)
-            out = self._attention_fn()(q, k, v, segments, correction=self.attention.correction,
-                                       strength=self.attention.strength)  # (B, H, S, D)
-            if state.mode == "cached" and segments and self._probing():
-                self._record_probes(q, k, v, segments)
+            out = self._window_attention(q, k, v, cache.segments())  # (B, H, S, D)
             if state.mode == "commit":
                 self._commit(cache, k, v)
         else:
@@ -198,17 +222,40 @@ class CachedSelfAttnProcessor:
         out = out.transpose(1, 2).flatten(2, 3).type_as(query)  # (B, S, H*D)
         return attn.to_out[1](attn.to_out[0](out))
 
+    def _window_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cached: list[CacheSegment]) -> torch.Tensor:
+        """Each in-flight chunk attends to its visible cached chunks and block-causally to the window.
+
+        q, k, v: (B, H, S, D) over the window's chunks (equal lengths, oldest first) -> (B, H, S, D).
+        One attention call per chunk, so the cached segments (quantized, corrected) and the in-flight
+        tokens (``k_cur``: full precision, never corrected) keep their roles.
+        """
+        window = self.state.window
+        tokens = q.shape[2] // len(window)  # tokens per chunk
+        outs = []
+        for position, chunk in enumerate(window):
+            in_flight, cache_limit = window_context(position, chunk.kv_range)
+            rows = slice(position * tokens, (position + 1) * tokens)
+            keys = slice((position - in_flight) * tokens, (position + 1) * tokens)  # earlier in-flight + itself
+            segments = limit_kv_range(cached, cache_limit)
+            q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
+            outs.append(self._attention_fn()(q_c, k_c, v_c, segments, correction=self.attention.correction,
+                                             strength=self.attention.strength))  # (B, H, T, D)
+            if self.state.mode == "cached" and segments and self._probing():
+                self._record_probes(q_c, k_c, v_c, segments, chunk)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
+
     def _probing(self) -> bool:
         layers = self.attention.probe_layers
         return self.attention.probes and (layers is None or self.layer_index in layers)
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       segments: list[CacheSegment]) -> None:
+                       segments: list[CacheSegment], chunk: InFlightChunk) -> None:
         from jensenkv.attention import attention_probes
 
         values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.attention.strength)
-        self.state.probe_records.append({"layer": self.layer_index, "step": self.state.step,
-                                         "chunk": self.state.chunk_index, "branch": self.state.branch, **values})
+        self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step,
+                                         "chunk": chunk.index, "branch": self.state.branch, **values})
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if k.is_cuda:
@@ -382,12 +429,11 @@ class ChunkwiseAdapter:
                                encoder_hidden_states=self._prompt_embeds[branch], return_dict=False, **kwargs)[0]
         return out.float()
 
-    def _set_state(self, mode: str, branch: str, chunk_index: int, step: int | None, start_frame: int,
-                   kv_range: int | None) -> None:
-        check_kv_range(kv_range)
+    def _set_state(self, mode: str, branch: str, window: tuple[InFlightChunk, ...], start_frame: int) -> None:
+        for chunk in window:
+            check_kv_range(chunk.kv_range)
         s = self.state
-        s.mode, s.branch, s.chunk_index, s.step, s.start_frame, s.kv_range = (
-            mode, branch, chunk_index, step, start_frame, kv_range)
+        s.mode, s.branch, s.window, s.start_frame = mode, branch, window, start_frame
 
     @torch.no_grad()
     def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str = "cond", *,
@@ -396,9 +442,32 @@ class ChunkwiseAdapter:
 
         Chunks are equally long, so the chunk starts at latent frame chunk_index * F (RoPE offset).
         """
-        self._set_state("cached", branch, chunk_index, step, chunk_index * chunk.shape[2], kv_range)
-        t_frames = torch.full((chunk.shape[0], chunk.shape[2]), float(t))  # (B, F)
-        return self._forward(chunk, t_frames, branch)
+        return self.denoise_window(chunk, [t], chunk_index, branch, steps=[step], kv_ranges=[kv_range])
+
+    @torch.no_grad()
+    def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int,
+                       branch: str = "cond", *, steps: Sequence[int | None] | None = None,
+                       kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor:
+        """Velocity of ``len(t)`` consecutive noisy chunks in one forward (a MAGI-1 staircase tick).
+
+        chunks: (1, C, n*F, H, W), oldest first, chunk j at flow time t[j] (denoising step steps[j]) and
+        attending to at most kv_ranges[j] preceding chunks (earlier in-flight ones first, then cached;
+        None: all). Returns (1, C, n*F, H, W) float32. With n = 1 this is ``denoise``.
+        """
+        n, frames = len(t), chunks.shape[2]
+        steps = [None] * n if steps is None else list(steps)
+        kv_ranges = [None] * n if kv_ranges is None else list(kv_ranges)
+        if n < 1 or frames % n:
+            raise ValueError(f"t with {n} entries is not allowed: it needs one flow time per chunk and the "
+                             f"{frames} frames must split into equal chunks")
+        for key, values in (("steps", steps), ("kv_ranges", kv_ranges)):
+            if len(values) != n:
+                raise ValueError(f"{key} with {len(values)} entries is not allowed: it needs one per chunk ({n})")
+        window = tuple(InFlightChunk(first_chunk_index + j, steps[j], kv_ranges[j]) for j in range(n))
+        frames_per_chunk = frames // n
+        self._set_state("cached", branch, window, first_chunk_index * frames_per_chunk)
+        t_frames = torch.tensor([float(x) for x in t]).repeat_interleave(frames_per_chunk)  # (n*F,)
+        return self._forward(chunks, t_frames.expand(chunks.shape[0], -1), branch)  # t_frames: (B, n*F)
 
     @torch.no_grad()
     def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str = "cond", *,
@@ -408,7 +477,8 @@ class ChunkwiseAdapter:
         if chunk_index != expected:
             raise ValueError(f"chunk_index={chunk_index} is not allowed: chunks are committed in order and the "
                              f"{branch!r} cache expects chunk {expected} next")
-        self._set_state("commit", branch, chunk_index, None, chunk_index * clean_chunk.shape[2], kv_range)
+        self._set_state("commit", branch, (InFlightChunk(chunk_index, None, kv_range),),
+                        chunk_index * clean_chunk.shape[2])
         t_frames = torch.zeros(clean_chunk.shape[0], clean_chunk.shape[2])  # (B, F)
         self._forward(clean_chunk, t_frames, branch)
         self._committed[branch] = expected + 1
@@ -425,7 +495,7 @@ class ChunkwiseAdapter:
         if latents.shape[2] % fpc:
             raise ValueError(f"frames={latents.shape[2]} is not allowed: "
                              f"it must be a multiple of frames_per_chunk={fpc}")
-        self._set_state("full", branch, 0, None, 0, None)
+        self._set_state("full", branch, (InFlightChunk(0),), 0)
         self.state.frames_per_chunk = fpc
         return self._forward(latents, t_frames, branch)
 
