@@ -4,7 +4,8 @@
 - taylor: the bias strength * scale^2/24 * sum_j qn2_j step_j^2 is a dot product over G extra
   columns, so SDPA sees q_aug = [q, -strength*scale/24 * qn2] and k_aug = [k, step^2] (zeros for
   the current chunk and for segments without steps) with ``scale`` passed explicitly. Values are
-  unchanged (SDPA allows Ev != E). Segments with different (G, rotation) get their own columns.
+  zero-padded to the same width so the flash kernel applies. Segments with different (G, rotation)
+  get their own columns.
 - exact:  the bias from ``group_bias`` as an additive float attn_mask: memory (Q, K).
 """
 from __future__ import annotations
@@ -30,14 +31,14 @@ def cached_attention(
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv)."""
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     scale = resolve_scale(scale, q.shape[-1])
+    corrected = correction != "none" and any(seg.steps is not None for seg in segments)
+    if corrected and correction == "taylor":
+        q_aug, k_aug, v_pad = taylor_augmented_inputs(q, k_cur, v_cur, segments, scale, strength)
+        return F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)[..., : v_cur.shape[-1]]
     keys = torch.cat([seg.k.to(q.dtype) for seg in segments] + [k_cur], dim=-2)  # (B, H, K_total, D)
     values = torch.cat([seg.v.to(v_cur.dtype) for seg in segments] + [v_cur], dim=-2)  # (B, H, K_total, Dv)
-    corrected = correction != "none" and any(seg.steps is not None for seg in segments)
     if not corrected:
         return F.scaled_dot_product_attention(q, keys, values, scale=scale)
-    if correction == "taylor":
-        q_aug, k_aug = taylor_augmented_columns(q, k_cur, segments, scale, strength)
-        return F.scaled_dot_product_attention(q_aug, k_aug, values, scale=scale)
     mask = exact_bias_mask(q, k_cur, segments, scale, strength)  # (B, H, Q, K_total)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
 
@@ -47,42 +48,56 @@ def _step_kind(steps: GroupSteps) -> tuple[int, int]:
     return steps.step.shape[-1], id(steps.rotation)
 
 
-def taylor_augmented_columns(
+def taylor_augmented_inputs(
     q: torch.Tensor,
     k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
     segments: Sequence[SegmentLike],
     scale: float,
     strength: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q_aug (B, H, Q, D + C) and k_aug (B, H, K_total, D + C) with scale * q_aug.k_aug = scale*q.k - b.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q_aug (B, H, Q, E), k_aug (B, H, K_total, E), v_pad (B, H, K_total, E) with E = max(D + C, Dv).
 
-    C = sum of G over the distinct (G, rotation) kinds of step-carrying segments. The extra columns
-    are computed in float32 and cast to q's dtype.
+    scale * q_aug.k_aug = scale*q.k - b: the C = sum of G over the distinct (G, rotation) kinds of
+    step-carrying segments extra columns hold -strength*scale/24 * qn2 (queries) and step^2 (cached
+    keys; zeros for the current chunk and unquantized segments). Values are zero-padded to the same
+    width because CPU SDPA's flash kernel needs E == Ev (otherwise it falls back to materialised
+    (Q, K) scores, ~2x slower); the caller slices the output back to Dv. Each tensor is built in one
+    preallocated buffer (no per-segment cat).
     """
+    batch, heads, n_q, dim = q.shape
+    dv = v_cur.shape[-1]
     kinds: dict[tuple[int, int], GroupSteps] = {}
     for seg in segments:
         if seg.steps is not None:
             kinds.setdefault(_step_kind(seg.steps), seg.steps)
-    work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q_extra = []
-    for steps in kinds.values():
-        qn2 = query_group_sq_norms(bias_basis_query(q.to(work), steps), steps.step.shape[-1])  # (B, H, Q, G)
-        q_extra.append(-(strength * scale / 24.0) * qn2)
-    offsets, width = {}, 0
+    offsets, extra = {}, 0
     for kind, steps in kinds.items():
-        offsets[kind] = width
-        width += steps.step.shape[-1]
-    k_blocks = []
+        offsets[kind] = dim + extra
+        extra += steps.step.shape[-1]
+    width = max(dim + extra, dv)
+    total = sum(seg.k.shape[-2] for seg in segments) + k_cur.shape[-2]
+    k_aug = q.new_zeros(batch, heads, total, width)  # (B, H, K_total, E): [k, step^2 columns]
+    v_pad = q.new_zeros(batch, heads, total, width)  # (B, H, K_total, E): [v, zeros]
+    start = 0
     for seg in segments:
-        extra = seg.k.new_zeros(*seg.k.shape[:-1], width, dtype=work)  # (B, H, K_i, C)
+        n = seg.k.shape[-2]
+        k_aug[:, :, start : start + n, :dim] = seg.k
+        v_pad[:, :, start : start + n, :dv] = seg.v
         if seg.steps is not None:
-            start = offsets[_step_kind(seg.steps)]
-            groups = seg.steps.step.shape[-1]
-            extra[..., start : start + groups] = seg.steps.step.to(work).square()
-        k_blocks.append(torch.cat([seg.k.to(q.dtype), extra.to(q.dtype)], dim=-1))  # (B, H, K_i, D + C)
-    k_blocks.append(torch.cat([k_cur, k_cur.new_zeros(*k_cur.shape[:-1], width)], dim=-1))  # (B, H, R, D + C)
-    q_aug = torch.cat([q] + [x.to(q.dtype) for x in q_extra], dim=-1)  # (B, H, Q, D + C)
-    return q_aug, torch.cat(k_blocks, dim=-2)
+            col, groups = offsets[_step_kind(seg.steps)], seg.steps.step.shape[-1]
+            k_aug[:, :, start : start + n, col : col + groups] = seg.steps.step.square()
+        start += n
+    k_aug[:, :, start:, :dim] = k_cur
+    v_pad[:, :, start:, :dv] = v_cur
+    q_aug = q.new_zeros(batch, heads, n_q, width)  # (B, H, Q, E)
+    q_aug[..., :dim] = q
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    for kind, steps in kinds.items():
+        groups = steps.step.shape[-1]
+        qn2 = query_group_sq_norms(bias_basis_query(q.to(work), steps), groups)  # (B, H, Q, G)
+        q_aug[..., offsets[kind] : offsets[kind] + groups] = -(strength * scale / 24.0) * qn2
+    return q_aug, k_aug, v_pad
 
 
 def exact_bias_mask(
