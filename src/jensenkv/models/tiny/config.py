@@ -1,0 +1,60 @@
+"""Configuration of the built-in tiny model: transformer, sampler and training defaults, and the weights' location.
+
+The transformer is diffusers' ``SkyReelsV2Transformer3DModel`` in pixel space (3 channels, values in
+[-1, 1]) with one attention head of dimension 128, so the paper's head dim d = 128 and group sizes
+g = 32 / 64 / 128 all apply. ``num_frame_per_block = 2`` makes the stock model build the block-causal
+(chunk-causal) mask itself: one chunk = 2 frames = 128 tokens at 16 x 16 with patch (1, 2, 2).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from diffusers import SkyReelsV2Transformer3DModel
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TEXT_PREFIX = "text_encoder."         # key prefix of the text encoder inside model.safetensors
+TRANSFORMER_PREFIX = "transformer."
+
+
+def default_transformer_config(text_dim: int = 64) -> dict:
+    """kwargs of ``SkyReelsV2Transformer3DModel`` for the tiny model."""
+    return {
+        "patch_size": (1, 2, 2),
+        "num_attention_heads": 1,
+        "attention_head_dim": 128,
+        "in_channels": 3,
+        "out_channels": 3,
+        "text_dim": text_dim,
+        "freq_dim": 256,
+        "ffn_dim": 256,
+        "num_layers": 4,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-6,
+        "rope_max_seq_len": 64,
+        "num_frame_per_block": 2,
+    }
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Defaults for chunk-wise sampling (rectified flow, Euler steps on a shifted schedule, CFG)."""
+
+    steps: int = 10
+    shift: float = 2.0
+    cfg_scale: float = 1.5
+    frames_per_chunk: int = 2
+    num_chunks: int = 4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_transformer(config: dict) -> SkyReelsV2Transformer3DModel:
+    """A randomly initialised transformer from a config dict (as stored in config.json)."""
+    kwargs = dict(config)
+    kwargs["patch_size"] = tuple(kwargs["patch_size"])
+    return SkyReelsV2Transformer3DModel(**kwargs)
