@@ -31,7 +31,8 @@ test-full: setup ## run every test, slow ones included
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
 reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex} and results/figures/
-	$(PY) -m jensenkv.run -m experiment=table1
+	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
+	$(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel
 	$(PY) -m jensenkv.report.table1
 
 train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)

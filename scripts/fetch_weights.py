@@ -1,0 +1,250 @@
+"""Download the weights the suite never fetches at run time, into the caches the libraries read.
+
+Run on a machine with internet (``make fetch-weights``), then copy the caches if needed:
+
+  * LPIPS backbone (torchvision)  -> $TORCH_HOME/hub/checkpoints/<file>   (default ~/.cache/torch)
+  * VBench dimension weights      -> $VBENCH_CACHE_DIR/...                (default ~/.cache/vbench)
+  * real model checkpoints        -> the Hugging Face cache (HF_HUB_CACHE / model.cache_dir) and, for
+                                     Self-Forcing, the file named by model.transformer_checkpoint
+
+    python scripts/fetch_weights.py                      # everything the default configs need
+    python scripts/fetch_weights.py --only lpips vbench  # evaluators only
+    python scripts/fetch_weights.py --dry-run            # list what is present / would be fetched
+
+Which LPIPS network and VBench dimensions: the default eval config (configs/eval/default.yaml), unless
+given with --lpips-net / --vbench-dims. Which models: every configs/model/*.yaml with kind: diffusers,
+unless given with --models.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs"
+
+LPIPS_URLS = {
+    "alex": "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
+    "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth",
+    "squeeze": "https://download.pytorch.org/models/squeezenet1_1-b8a52dc0.pth",
+}
+_CLIP = "https://openaipublic.azureedge.net/clip/models"
+_VBENCH_HF = "https://huggingface.co/OpenGVLab/VBench_Used_Models/resolve/main"
+# (file under $VBENCH_CACHE_DIR, URL) per dimension, as vbench 0.1.5 (utils.init_submodules) fetches them.
+VBENCH_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
+    "subject_consistency": (
+        ("dino_model/facebookresearch_dino_main/hubconf.py",
+         "https://github.com/facebookresearch/dino/archive/refs/heads/main.zip"),
+        ("dino_model/dino_vitbase16_pretrain.pth",
+         "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"),
+    ),
+    "background_consistency": (
+        ("clip_model/ViT-B-32.pt", f"{_CLIP}/40d365715913c9da98579312b702a82c18be219cc2a73407c4526f58eba950af/ViT-B-32.pt"),
+    ),
+    "aesthetic_quality": (
+        ("clip_model/ViT-L-14.pt", f"{_CLIP}/b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836/ViT-L-14.pt"),
+        ("aesthetic_model/emb_reader/sa_0_4_vit_l_14_linear.pth",
+         "https://github.com/LAION-AI/aesthetic-predictor/raw/main/sa_0_4_vit_l_14_linear.pth"),
+    ),
+    "imaging_quality": (
+        ("pyiqa_model/musiq_spaq_ckpt-358bb6af.pth",
+         "https://github.com/chaofengc/IQA-PyTorch/releases/download/v0.1-weights/musiq_spaq_ckpt-358bb6af.pth"),
+    ),
+    "motion_smoothness": (("amt_model/amt-s.pth", "https://huggingface.co/lalala125/AMT/resolve/main/amt-s.pth"),),
+    "dynamic_degree": (
+        ("raft_model/models/raft-things.pth", "https://dl.dropboxusercontent.com/s/4j4z58wuv8o0mfz/models.zip"),
+    ),
+    "temporal_style": (
+        ("ViCLIP/ViClip-InternVid-10M-FLT.pth", f"{_VBENCH_HF}/ViClip-InternVid-10M-FLT.pth"),
+        ("ViCLIP/bpe_simple_vocab_16e6.txt.gz",
+         "https://raw.githubusercontent.com/openai/CLIP/main/clip/bpe_simple_vocab_16e6.txt.gz"),
+    ),
+    "human_action": (
+        ("umt_model/l16_ptk710_ftk710_ftk400_f16_res224.pth", f"{_VBENCH_HF}/l16_ptk710_ftk710_ftk400_f16_res224.pth"),
+    ),
+    "temporal_flickering": (),
+}
+VBENCH_SOURCES["overall_consistency"] = VBENCH_SOURCES["temporal_style"]
+# Python packages VBench scorers import that the suite does not install (pip names).
+VBENCH_PACKAGES = {"background_consistency": ("clip", "openai-clip"), "aesthetic_quality": ("clip", "openai-clip"),
+                   "temporal_style": ("clip", "openai-clip"), "overall_consistency": ("clip", "openai-clip"),
+                   "human_action": ("clip", "openai-clip"), "imaging_quality": ("pyiqa", "pyiqa")}
+# Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
+CHECKPOINT_SOURCES = {"self_forcing_dmd.pt": ("gdhe17/Self-Forcing", "checkpoints/self_forcing_dmd.pt")}
+
+
+@dataclass
+class Item:
+    """One thing to fetch: where it goes, where from, and how."""
+
+    what: str
+    target: Path
+    source: str
+    kind: str = "file"  # file | zip-dir (GitHub archive -> folder) | zip-raft | hf-snapshot | hf-file
+
+    @property
+    def present(self) -> bool:
+        return self.target.exists() if self.kind != "hf-snapshot" else _snapshot_present(self.source, self.target)
+
+
+def _snapshot_present(repo_id: str, cache_dir: Path) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir), local_files_only=True)
+        return True
+    except Exception:  # noqa: BLE001 - not (fully) in the cache
+        return False
+
+
+def default_eval() -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "eval" / "default.yaml"), resolve=True)
+
+
+def lpips_items(net: str) -> list[Item]:
+    import torch
+
+    if net not in LPIPS_URLS:
+        raise ValueError(f"--lpips-net={net!r} is not allowed: use one of {tuple(LPIPS_URLS)}")
+    url = LPIPS_URLS[net]
+    return [Item(f"LPIPS backbone ({net})", Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[1], url)]
+
+
+def vbench_cache_dir() -> Path:
+    return Path(os.environ.get("VBENCH_CACHE_DIR") or Path.home() / ".cache" / "vbench")
+
+
+def vbench_items(dimensions: list[str]) -> list[Item]:
+    cache = vbench_cache_dir()
+    items, seen = [], set()
+    for dim in dimensions:
+        if dim not in VBENCH_SOURCES:
+            raise ValueError(f"--vbench-dims contains {dim!r}, which is not allowed: use {sorted(VBENCH_SOURCES)}")
+        for rel, url in VBENCH_SOURCES[dim]:
+            if rel in seen:
+                continue
+            seen.add(rel)
+            kind = "zip-dir" if rel.endswith("hubconf.py") else ("zip-raft" if url.endswith("models.zip") else "file")
+            items.append(Item(f"VBench {dim}", cache / rel, url, kind))
+    return items
+
+
+def model_items(names: list[str] | None) -> list[Item]:
+    """Hub snapshots (and original checkpoints) of the kind=diffusers model configs."""
+    from huggingface_hub import constants
+    from omegaconf import OmegaConf
+
+    items = []
+    paths = sorted((CONFIG_DIR / "model").glob("*.yaml"))
+    known = [p.stem for p in paths]
+    for name in names or []:
+        if name not in known:
+            raise ValueError(f"--models contains {name!r}, which is not allowed: use {known}")
+    for path in paths:
+        if names and path.stem not in names:
+            continue
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        if cfg.get("kind") != "diffusers":
+            continue
+        if not Path(str(cfg["path"])).expanduser().is_dir():
+            cache = Path(cfg.get("cache_dir") or constants.HF_HUB_CACHE).expanduser()
+            items.append(Item(f"model {path.stem}", cache, str(cfg["path"]), "hf-snapshot"))
+        checkpoint = cfg.get("transformer_checkpoint")
+        if checkpoint:
+            file = Path(checkpoint).expanduser()
+            if file.name not in CHECKPOINT_SOURCES:
+                print(f"note: no known source for {file} (model {path.stem}); copy it there by hand", file=sys.stderr)
+                continue
+            repo, in_repo = CHECKPOINT_SOURCES[file.name]
+            items.append(Item(f"model {path.stem} checkpoint", file, f"{repo}::{in_repo}", "hf-file"))
+    return items
+
+
+def fetch(item: Item) -> None:
+    """Download one item into place (temp file / folder, then rename)."""
+    import torch
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    if item.kind == "hf-snapshot":
+        snapshot_download(repo_id=item.source, cache_dir=str(item.target))
+        return
+    if item.kind == "hf-file":
+        repo, in_repo = item.source.split("::")
+        root = item.target
+        for _ in Path(in_repo).parts:  # local_dir such that local_dir/in_repo == target
+            root = root.parent
+        hf_hub_download(repo_id=repo, filename=in_repo, local_dir=str(root))
+        return
+    # zip-dir: the archive's top folder BECOMES target.parent, so stage next to it, not inside it
+    base = item.target.parent.parent if item.kind == "zip-dir" else item.target.parent
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        download = Path(tmp) / Path(item.source.split("?")[0]).name
+        torch.hub.download_url_to_file(item.source, str(download), progress=True)
+        if item.kind == "file":
+            os.replace(download, item.target)
+        elif item.kind == "zip-dir":  # GitHub archive with one top folder -> the folder VBench expects
+            with zipfile.ZipFile(download) as z:
+                z.extractall(tmp)
+            top = next(p for p in Path(tmp).iterdir() if p.is_dir())
+            os.replace(top, item.target.parent)
+        elif item.kind == "zip-raft":  # models.zip holds models/raft-things.pth
+            with zipfile.ZipFile(download) as z:
+                z.extractall(item.target.parent.parent)
+
+
+def missing_packages(dimensions: list[str]) -> list[str]:
+    import importlib.util
+
+    need = {VBENCH_PACKAGES[d] for d in dimensions if d in VBENCH_PACKAGES}
+    return sorted(pip for module, pip in need if importlib.util.find_spec(module) is None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"), default=["lpips", "vbench", "models"])
+    parser.add_argument("--lpips-net", default=None, help="alex | vgg | squeeze (default: eval config)")
+    parser.add_argument("--vbench-dims", nargs="+", default=None, help="default: the eval config's dimensions")
+    parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers one)")
+    parser.add_argument("--dry-run", action="store_true", help="list what is present and what would be fetched")
+    args = parser.parse_args(argv)
+    ev = default_eval()
+    dims = args.vbench_dims or list(ev["vbench"]["dimensions"])
+    items: list[Item] = []
+    try:
+        if "lpips" in args.only:
+            items += lpips_items(args.lpips_net or ev["lpips"]["net"])
+        if "vbench" in args.only:
+            items += vbench_items(dims)
+        if "models" in args.only:
+            items += model_items(args.models)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = 0
+    for item in items:
+        state = "present" if item.present else ("would fetch" if args.dry_run else "fetching")
+        print(f"[{state}] {item.what}: {item.target}  <-  {item.source}")
+        if state == "fetching":
+            try:
+                fetch(item)
+            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                failed += 1
+                print(f"  failed: {type(e).__name__}: {e}", file=sys.stderr)
+    if "vbench" in args.only:
+        packages = missing_packages(dims)
+        if packages:
+            print(f"note: VBench also needs these Python packages for the chosen dimensions: "
+                  f"pip install {' '.join(packages)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Table 1: fidelity and VBench of each quantizer, "no correction -> correction", from the results store.
+
+    python -m jensenkv.report.table1 [--results results] [--out results] [--group-size 32] [--correction taylor]
+
+Writes ``table1.csv`` (one row per run, long form: model, quantizer, bits, group_size, rotation, correction,
+effective_bits, psnr, ssim, lpips, vbench, delta_p_s, ... and ``<metric>_missing_reason`` for every metric
+that could not be computed), ``table1.md`` and ``table1.tex`` (the paper's layout: rows model x quantizer,
+columns PSNR / SSIM / LPIPS / VBench as "none -> corrected"), and the figures under ``<out>/figures/``.
+Runs are chosen by content, not by experiment name: BF16 rows plus every quantized run with the chosen
+group size, full cache (no sinks / window) and values quantized like keys; if several runs share a setting
+(different prompt sets), the one with the most prompts wins.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from jensenkv.tracking import atomic_write, load_results
+
+METRICS = ("psnr", "ssim", "lpips", "vbench", "delta_p_s")
+CSV_COLUMNS = ("model", "quantizer", "bits", "group_size", "rotation", "correction", "strength", "effective_bits",
+               "psnr", "ssim", "lpips", "vbench", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
+               "vbench_dimensions_used", "run_id")
+QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6}
+QUANTIZER_NAMES = {"bf16": "BF16", "rtn": "RTN", "kivi": "KIVI", "quarot+rtn": "QuaRot+RTN",
+                   "quarot+kivi": "QuaRot+KIVI", "qvg": "QVG", "quarot+qvg": "QuaRot+QVG"}
+DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2}
+SETTING = ("model", "quantizer", "bits", "group_size", "rotation", "correction")
+
+
+def select_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str, ...] = ("none", "taylor")) -> pd.DataFrame:
+    """The runs Table 1 shows: one per (model, quantizer, bits, group size, rotation, correction)."""
+    if runs.empty:
+        return runs
+    runs = runs.copy()
+    for col in ("sink_chunks", "window_chunks", "values", "granularity", "group_size", "strength"):
+        if col not in runs.columns:
+            runs[col] = None
+    full_cache = (runs["sink_chunks"].fillna(0) == 0) & runs["window_chunks"].isna()
+    bf16 = runs["quantizer"] == "bf16"
+    quantized = (~bf16) & (runs["values"] == "same") & (runs["correction"].isin(corrections)) & \
+        (runs["strength"].fillna(1.0) == 1.0) & (runs["group_size"] == group_size)
+    chosen = runs[full_cache & (bf16 | quantized)]
+    chosen = chosen.sort_values(["num_prompts", "created_at"])
+    return chosen.groupby(list(SETTING), dropna=False).tail(1)
+
+
+def long_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The CSV form: required columns first, then each metric's missing reason (empty when present)."""
+    table = runs.copy()
+    rename = {"delta_p_s_mean": "delta_p_s", "jsd_mean": "jsd"}
+    table = table.rename(columns=rename)
+    for col in CSV_COLUMNS:
+        if col not in table.columns:
+            table[col] = None
+    for metric in METRICS:
+        source = "delta_p_s_mean" if metric == "delta_p_s" else metric
+        reason_col = f"{metric}_missing_reason"
+        given = runs[f"{source}_missing_reason"] if f"{source}_missing_reason" in runs.columns else None
+        if given is None and metric == "delta_p_s" and "attention_missing_reason" in runs.columns:
+            given = runs["attention_missing_reason"]
+        table[reason_col] = given if given is not None else None
+        no_value = table[metric].isna()
+        table.loc[no_value & table[reason_col].isna(), reason_col] = f"{metric} was not computed for this run"
+        table.loc[~no_value, reason_col] = None
+    table["_order"] = table["quantizer"].map(QUANTIZER_ORDER).fillna(99)
+    table = table.sort_values(["model", "_order", "bits", "rotation", "correction"]).drop(columns="_order")
+    for col in ("bits", "group_size", "num_prompts"):  # integers, empty where not applicable (bf16 group size)
+        table[col] = pd.to_numeric(table[col], errors="coerce").astype("Int64")
+    reasons = [f"{m}_missing_reason" for m in METRICS]
+    return table[list(CSV_COLUMNS) + reasons].reset_index(drop=True)
+
+
+def _fmt(value: object, metric: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{float(value):.{DIGITS[metric]}f}"
+
+
+def paper_table(table: pd.DataFrame, correction: str = "taylor") -> pd.DataFrame:
+    """Rows model x quantizer (x bits), cells "no correction -> correction" (BF16: "-" for the fidelity columns)."""
+    rows = []
+    keys = ["model", "quantizer", "bits", "group_size", "rotation"]
+    for (model, quantizer, bits, group, _), group_rows in table.groupby(keys, dropna=False, sort=False):
+        by_corr = {r["correction"]: r for _, r in group_rows.iterrows()}
+        row = {"model": model, "quantizer": QUANTIZER_NAMES.get(quantizer, quantizer),
+               "bits": "BF16" if quantizer == "bf16" else f"INT{int(bits)} g{int(group)}"}
+        base = by_corr.get("none")
+        fixed = by_corr.get(correction)
+        for metric in ("psnr", "ssim", "lpips", "vbench"):
+            if quantizer == "bf16":
+                row[metric.upper() if metric != "vbench" else "VBench"] = (
+                    _fmt(base[metric], metric) if metric == "vbench" and base is not None else "-")
+                continue
+            a = _fmt(base[metric], metric) if base is not None else "n/a"
+            b = _fmt(fixed[metric], metric) if fixed is not None else "n/a"
+            row[metric.upper() if metric != "vbench" else "VBench"] = f"{a} -> {b}"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", "PSNR", "SSIM", "LPIPS", "VBench"])
+
+
+def missing_notes(table: pd.DataFrame) -> list[str]:
+    """One line per distinct reason a metric is missing (the tables' footnotes)."""
+    notes = []
+    for metric in ("psnr", "ssim", "lpips", "vbench"):
+        col = f"{metric}_missing_reason"
+        reasons = table.loc[table["quantizer"] != "bf16", col].dropna().unique() if metric != "vbench" \
+            else table[col].dropna().unique()
+        notes += [f"{metric}: {r}" for r in reasons]
+    dims = table["vbench_dimensions_used"].dropna().unique()
+    if len(dims):
+        notes.append("VBench = mean x100 over the dimensions that ran: " + " | ".join(d or "none" for d in dims))
+    return notes
+
+
+LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def _latex_escape(text: str) -> str:
+    """Escape LaTeX specials in one pass, then typeset the "->" arrows."""
+    escaped = re.sub(r"[\\&%_#${}~^]", lambda m: LATEX_SPECIALS[m.group()], text)
+    return escaped.replace("->", r"$\rightarrow$")
+
+
+def to_latex(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             r"\begin{tabular}{lll" + "c" * 4 + "}", r"\toprule",
+             "Model & Quantizer & Bits & PSNR $\\uparrow$ & SSIM $\\uparrow$ & LPIPS $\\downarrow$ & VBench $\\uparrow$ \\\\",
+             r"\midrule"]
+    for _, row in paper.iterrows():
+        lines.append(" & ".join(_latex_escape(str(row[c])) for c in paper.columns) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}",
+              r"\caption{Fidelity to the BF16 video and VBench, no correction $\rightarrow$ "
+              + _latex_escape(correction) + " correction."
+              + "".join(" " + _latex_escape(n) + "." for n in notes) + "}",
+              r"\label{tab:table1}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def to_markdown(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
+    text = f"# Table 1: no correction -> {correction} correction\n\n" + paper.to_markdown(index=False) + "\n"
+    if notes:
+        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    return text
+
+
+def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None = None, group_size: int = 32,
+                 correction: str = "taylor", figures: bool = True) -> dict[str, str]:
+    """Write table1.{csv,md,tex} (and figures); returns {artifact: path or reason skipped}."""
+    results_dir = Path(results_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir
+    runs = load_results(results_dir)
+    if runs.empty:
+        raise FileNotFoundError(f"no finished runs under {results_dir / 'runs'}: run "
+                                "`python -m jensenkv.run -m experiment=table1` first")
+    table = long_table(select_runs(runs, group_size, ("none", correction)))
+    paper = paper_table(table, correction)
+    notes = missing_notes(table)
+    written = {
+        "csv": str(atomic_write(out / "table1.csv", lambda f: table.to_csv(f, index=False), mode="w")),
+        "md": str(atomic_write(out / "table1.md", lambda f: f.write(to_markdown(paper, notes, correction)), mode="w")),
+        "tex": str(atomic_write(out / "table1.tex", lambda f: f.write(to_latex(paper, notes, correction)), mode="w")),
+    }
+    if figures:
+        from jensenkv.report.figures import write_figures
+
+        written.update(write_figures(results_dir, out / "figures", group_size=group_size))
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default="results", help="results directory with runs/ (default: results)")
+    parser.add_argument("--out", default=None, help="where table1.* and figures/ go (default: --results)")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--correction", default="taylor", choices=("taylor", "exact"))
+    parser.add_argument("--no-figures", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        written = write_table1(args.results, args.out, args.group_size, args.correction, not args.no_figures)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    for name, where in written.items():
+        print(f"{name}: {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The experiment pipeline behind ``python -m jensenkv.run``: one run = one (model, quantizer, correction,
+eval) point over a list of prompts.
+
+    python -m jensenkv.run quant=rtn quant.bits=2 correction=taylor
+    python -m jensenkv.run -m quant.bits=2,4 quant.group_size=32,64,128 quant.rotation=none,hadamard \
+        correction=none,taylor,exact
+    python -m jensenkv.run -m experiment=table1 [hydra/launcher=local_parallel | hydra/launcher=slurm]
+
+A run is identified by a hash of its canonical resolved config (logger, launcher, paths and bookkeeping
+excluded; settings a method ignores are normalised away, so e.g. every bf16 run is the same run). The
+BF16 reference video of each (model, prompt, seed) is generated once, stored under ``results/refs/`` and
+reused by every quantized run. A finished run (its record exists) is a no-op; an interrupted one resumes
+at the first prompt without a saved result. Bad config values stop the run with one line naming the key,
+the value and what is allowed, before any model is loaded.
+
+Heavy libraries (torchmetrics, diffusers, the model code) are imported inside the functions that use
+them, so that validation -- and its error for bad input -- takes seconds.
+
+Modules: ``spec`` (config -> validated RunSpec and its id), ``runner`` (references, generation, metrics,
+record, W&B), ``cli`` (precheck of every swept value, the Hydra task, the compose-API entry).
+"""
+from __future__ import annotations
+
+from jensenkv.run.cli import (
+    check_group_overrides,
+    compose_config,
+    group_options,
+    main,
+    precheck,
+    run_overrides,
+    sweep_variants,
+    task,
+)
+from jensenkv.run.runner import Runner, save_mp4
+from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, canonical_quant_configs, model_geometry
+
+__all__ = [
+    "CONFIG_DIR",
+    "CONFIG_GROUPS",
+    "RunSpec",
+    "Runner",
+    "build_spec",
+    "canonical_quant_configs",
+    "check_group_overrides",
+    "compose_config",
+    "group_options",
+    "main",
+    "model_geometry",
+    "precheck",
+    "run_overrides",
+    "save_mp4",
+    "sweep_variants",
+    "task",
+]

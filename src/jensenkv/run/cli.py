@@ -1,0 +1,160 @@
+"""Command line: ``python -m jensenkv.run [overrides]`` (Hydra), plus the compose-API entry for notebooks/tests.
+
+Before Hydra launches anything, every swept value is composed and validated once (``precheck``), so a bad
+value in a sweep stops it with one line before the first job starts, and Hydra's multi-line composition
+errors (unknown group option or key, bad override syntax) become one line too.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jensenkv.run.runner import Runner
+from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, _fail, build_spec
+
+
+def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) -> Any:
+    """The composed config for ``overrides`` (Hydra's compose API: no output dir, no launcher)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+
+
+def run_overrides(overrides: Sequence[str] = ()) -> dict:
+    """Run one configuration in this process (notebooks, tests) and return its record."""
+    return Runner(build_spec(compose_config(overrides))).run()
+
+
+def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
+    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+
+
+def check_group_overrides(args: Sequence[str], config_dir: Path = CONFIG_DIR) -> None:
+    """Raise ValueError for `group=option` overrides (sweeps included) naming an option that does not exist."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    candidates = [a for a in args if not a.startswith("-") and "=" in a]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except Exception:  # noqa: BLE001 - malformed overrides: Hydra reports them itself
+        return
+    for override in overrides:
+        group = override.key_or_group
+        if group not in CONFIG_GROUPS or override.package is not None or override.is_delete():
+            continue
+        values = (list(override.sweep_string_iterator()) if override.is_sweep_override()
+                  else [override.get_value_element_as_str()])
+        allowed = group_options(group, config_dir)
+        for value in values:
+            if value not in allowed and not (group == "experiment" and value == "null"):
+                _fail(group, value, f"choose one of {allowed}")
+
+
+def _one_line(error: Exception) -> str:
+    """A Hydra composition error as one line (its message minus the search-path dump); for an unknown key,
+    the keys that do exist there."""
+    import re
+
+    text = str(error).split("Config search path:")[0]
+    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    unknown = re.match(r"Could not override '([\w.]+)'", line)
+    if unknown:
+        key = unknown.group(1)
+        parent, _, name = key.rpartition(".")
+        try:
+            from omegaconf import OmegaConf
+
+            root = compose_config()
+            node = OmegaConf.select(root, parent) if parent else root
+            allowed = sorted(node.keys())
+        except Exception:  # noqa: BLE001 - the hint is a courtesy; the error stands without it
+            return line
+        return (f"{key} is not allowed: {parent or 'the config'} has no key {name!r}; allowed keys: {allowed} "
+                f"(to add a new key use +{key}=...)")
+    return line
+
+
+def sweep_variants(args: Sequence[str]) -> list[list[str]] | None:
+    """Every value of every swept key, each in one override list (the other sweeps at their first value):
+    enough to check each value once without expanding the product. Sweeps declared in the config
+    (``hydra.sweeper.params``, e.g. experiment files) are included; command-line ones win.
+    None when the arguments are not plain overrides (--cfg, --help, ...: Hydra's business)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
+        return None
+    plain = [a for a in args if not a.startswith("-")]
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(plain)
+    base = compose_config([o.input_line for o in parsed if not o.is_sweep_override()], hydra_config=True)
+    params = base.hydra.sweeper.get("params") or {}
+    declared = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
+    by_key = {o.key_or_group: o for o in [*declared, *parsed]}  # command line last: it wins
+    fixed = [o.input_line for o in by_key.values() if not o.is_sweep_override()]
+    sweeps: dict[str, list[str]] = {}
+    for key, override in by_key.items():
+        if override.is_sweep_override():
+            try:
+                sweeps[key] = list(override.sweep_string_iterator())
+            except Exception:  # noqa: BLE001 - range()/interval sweeps: Hydra expands them, skip the precheck
+                return None
+    first = [f"{k}={v[0]}" for k, v in sweeps.items()]
+    variants = [fixed + first]
+    for key, values in sweeps.items():
+        for value in values[1:]:
+            variants.append(fixed + [f"{k}={values[0] if k != key else value}" for k, values in sweeps.items()])
+    return variants
+
+
+def precheck(args: Sequence[str]) -> None:
+    """Compose and validate every swept value before Hydra starts any job: one line for any bad value.
+
+    Raises ValueError (bad group option, unknown key, bad value, bad override syntax)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_group_overrides(args)
+    try:
+        variants = sweep_variants(args)
+        for overrides in variants or []:
+            build_spec(compose_config(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ValueError(_one_line(e)) from None
+
+
+def task(cfg: Any) -> dict | None:
+    """Hydra task: validate (one-line error, exit 2), then run (bad input found later: one line, exit 3).
+
+    Set JENSENKV_DEBUG=1 to get the traceback instead.
+    """
+    import os
+
+    try:
+        spec = build_spec(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        return Runner(spec).run()
+    except (ValueError, FileNotFoundError) as e:  # bad input, missing weights, damaged results: say what, where
+        if os.environ.get("JENSENKV_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(3)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry: check every (swept) value, then hand over to Hydra."""
+    import hydra
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        precheck(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [sys.argv[0], *args]
+    hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(task)()

@@ -1,0 +1,62 @@
+"""Shared helpers for the pipeline tests: random-init tiny weights and a small, real results store.
+
+Everything runs the real generator (jensenkv.generate on the tiny SkyReels-V2 architecture) with random
+weights at 2 chunks x 2 steps on CPU, so a run takes about a second.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+FAST = ("model.device=cpu", "model.steps=2", "model.num_chunks=2", "eval.num_prompts=1", "logger=disabled",
+        "eval.metrics=[psnr,ssim,lpips,vbench,attention]", "eval.vbench.dimensions=[temporal_flickering]")
+
+
+def write_random_tiny_weights(folder: Path) -> Path:
+    """Random-init weights in the tiny model's on-disk format (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    from jensenkv.models.tiny.config import (CONFIG_FILE, TEXT_PREFIX, TRANSFORMER_PREFIX, WEIGHTS_FILE,
+                                             SamplerConfig, build_transformer, default_transformer_config)
+    from jensenkv.models.tiny.data import DataConfig
+    from jensenkv.models.tiny.text import TextConfig, build_text
+
+    torch.manual_seed(0)
+    transformer_cfg = default_transformer_config()
+    data = DataConfig()
+    config = {"transformer": transformer_cfg, "text": TextConfig().to_dict(), "data": data.to_dict(),
+              "sampler": SamplerConfig().to_dict(), "height": data.height, "width": data.width}
+    _, text_encoder = build_text(TextConfig())
+    state = {f"{TRANSFORMER_PREFIX}{k}": v for k, v in build_transformer(transformer_cfg).state_dict().items()}
+    state.update({f"{TEXT_PREFIX}{k}": v for k, v in text_encoder.state_dict().items()})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
+    return folder
+
+
+def fast_overrides(results_dir: Path, weights_dir: Path, *extra: str) -> list[str]:
+    """Overrides for a tiny, quick run writing to ``results_dir``."""
+    return [*FAST, f"model.weights_dir={weights_dir}", f"paths.results_dir={results_dir}", *extra]
+
+
+# The settings the report and the notebooks need: the BF16 row, RTN at INT2 / INT4 (g=32) and QuaRot+RTN at
+# INT2 without and with the Taylor correction (Table 1, attention mass), plus INT2 g=128 (a second
+# trade-off point that Table 1 must leave out).
+FIXTURE_RUNS = (
+    ("quant=bf16",),
+    *[(f"quant.bits={b}", "quant.group_size=32", f"correction={c}") for b in (2, 4) for c in ("none", "taylor")],
+    ("quant=quarot", "quant.bits=2", "quant.group_size=32", "correction=none"),
+    ("quant=quarot", "quant.bits=2", "quant.group_size=32", "correction=taylor"),
+    ("quant.bits=2", "quant.group_size=128", "correction=taylor"),
+)
+
+
+def build_results_fixture(results_dir: Path, weights_dir: Path,
+                          runs: tuple[tuple[str, ...], ...] = FIXTURE_RUNS) -> list[dict]:
+    """Run each setting for real (FIXTURE_RUNS by default); returns their records."""
+    from jensenkv.run import run_overrides
+
+    return [run_overrides(fast_overrides(results_dir, weights_dir, *extra)) for extra in runs]

@@ -1,0 +1,182 @@
+"""The real Hydra configs compose (every group option, experiments, launchers) and map to the intended runs."""
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from jensenkv.run import CONFIG_DIR, CONFIG_GROUPS, build_spec, check_group_overrides, group_options
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pipeline_testkit import write_random_tiny_weights  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return write_random_tiny_weights(tmp_path_factory.mktemp("tiny") / "weights")
+
+
+def _compose(*overrides: str, hydra_cfg: bool = False):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def _spec(weights, *overrides: str):
+    return build_spec(_compose(f"model.weights_dir={weights}", "model.device=cpu", *overrides))
+
+
+def test_every_group_has_its_options():
+    assert set(group_options("quant")) == {"bf16", "rtn", "quarot", "qvg", "kivi"}
+    assert set(group_options("correction")) == {"none", "taylor", "exact"}
+    assert set(group_options("experiment")) >= {"table1", "tradeoff", "attention_mass"}
+    assert set(group_options("logger")) >= {"wandb_offline", "wandb_online", "disabled"}
+    assert "tiny" in group_options("model")
+    for group in CONFIG_GROUPS:
+        assert group_options(group), group
+
+
+@pytest.mark.parametrize(("quant", "label", "method"), [("bf16", "bf16", "none"), ("rtn", "rtn", "rtn"),
+                                                         ("quarot", "quarot+rtn", "rtn"), ("qvg", "qvg", "qvg"),
+                                                         ("kivi", "kivi", "rtn")])
+def test_quant_options_build_the_named_quantizer(weights, quant, label, method):
+    spec = _spec(weights, f"quant={quant}", "quant.qvg_centroids=16")
+    assert spec.key.label == label and spec.key.method == method
+    if quant == "bf16":
+        assert spec.value.method == "none" and spec.values_mode == "none"
+    elif quant == "kivi":  # KIVI: per-channel keys, per-token values
+        assert spec.key.granularity == "channel" and spec.value.granularity == "token_group"
+    else:
+        assert spec.value == spec.key  # values quantized like keys by default (quant.values=same)
+
+
+def test_values_none_keeps_values_full_precision(weights):
+    spec = _spec(weights, "quant.values=none")
+    assert spec.key.method == "rtn" and spec.value.method == "none"
+    assert spec.value.store_dtype == "bfloat16"  # the cache's full-precision dtype
+
+
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+def test_correction_options(weights, correction):
+    spec = _spec(weights, f"correction={correction}", "correction.strength=0.5")
+    assert spec.correction == correction and spec.strength == 0.5
+
+
+def test_cache_options_reach_the_cache_config(weights):
+    spec = _spec(weights, "cache.sink_chunks=1", "cache.window_chunks=2")
+    cache = spec.cache_config(keep_reference=True)
+    assert (cache.sink_chunks, cache.window_chunks, cache.keep_reference) == (1, 2, True)
+    assert spec.reference_cache_config().key.method == "none"
+
+
+def test_run_id_ignores_bookkeeping_and_tracks_settings(weights):
+    base = _spec(weights).run_id
+    same = [("logger=disabled",), ("paths.results_dir=/elsewhere",), ("experiment_name=other",), ("threads=2",),
+            ("quant.qvg_centroids=7",),  # an RTN run ignores QVG settings
+            ("quant.rotation_seed=5",)]  # ... and the rotation seed when nothing is rotated
+    for overrides in same:
+        assert _spec(weights, *overrides).run_id == base, overrides
+    different = [("quant.bits=4",), ("quant.group_size=64",), ("correction=taylor",), ("eval.num_prompts=3",),
+                 ("cache.sink_chunks=1",), ("quant.values=none",), ("model.steps=3",), ("eval.seeds=[1]",)]
+    ids = {_spec(weights, *o).run_id for o in different}
+    assert base not in ids and len(ids) == len(different)
+
+
+def test_bf16_runs_are_one_run_whatever_the_other_axes(weights):
+    ids = {_spec(weights, "quant=bf16", f"quant.bits={b}", f"correction={c}").run_id
+           for b, c in itertools.product((2, 4), ("none", "taylor", "exact"))}
+    assert len(ids) == 1
+
+
+def test_table1_experiment_grid(weights):
+    cfg = _compose("experiment=table1", hydra_cfg=True)
+    params = cfg.hydra.sweeper.params
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert params["quant"] == "bf16,rtn,quarot,qvg" and params["correction"] == "none,taylor"
+    assert cfg.eval.num_prompts >= 8 and cfg.quant.bits == 2 and cfg.quant.group_size == 32
+    specs = [_spec(weights, "experiment=table1", f"quant={q}", f"correction={c}")
+             for q, c in itertools.product(params["quant"].split(","), params["correction"].split(","))]
+    assert len({s.run_id for s in specs}) == 7  # bf16 + 3 quantizers x {none, taylor}
+    assert {s.key.label for s in specs} == {"bf16", "rtn", "quarot+rtn", "qvg"}
+    assert all(s.key.bits == 2 and s.key.group_size == 32 for s in specs if s.key.method != "none")
+
+
+def test_tradeoff_shares_runs_with_table1(weights):
+    cfg = _compose("experiment=tradeoff", hydra_cfg=True)
+    params = cfg.hydra.sweeper.params
+    assert params["quant.bits"] == "2,4" and params["quant.group_size"] == "32,64,128"
+    assert params["correction"] == "none,taylor"
+    table1 = _spec(weights, "experiment=table1", "quant=rtn", "correction=taylor").run_id
+    tradeoff = _spec(weights, "experiment=tradeoff", "quant.bits=2", "quant.group_size=32",
+                     "correction=taylor").run_id
+    assert table1 == tradeoff  # same prompts and metrics: the INT2 g32 RTN runs are not redone
+
+
+def test_attention_mass_experiment(weights):
+    cfg = _compose("experiment=attention_mass", hydra_cfg=True)
+    assert cfg.hydra.sweeper.params["correction"] == "none,taylor,exact"
+    assert "attention" in cfg.eval.metrics
+
+
+@pytest.mark.parametrize(("launcher", "target"), [
+    ("local_parallel", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+    ("joblib", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+    ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+    ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+    ("submitit_local", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"),
+])
+def test_launchers_compose(launcher, target):
+    cfg = _compose(f"hydra/launcher={launcher}", hydra_cfg=True)
+    assert cfg.hydra.launcher._target_ == target
+    if launcher == "local_parallel":
+        assert cfg.hydra.launcher.n_jobs == 2
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1
+
+
+def test_logger_modes():
+    assert _compose().logger.mode == "offline"
+    assert _compose().logger.dir.endswith("wandb")
+    assert _compose("logger=wandb_online").logger.mode == "online"
+    assert _compose("logger=disabled").logger.mode == "disabled"
+
+
+def test_group_override_check_names_group_value_and_options():
+    check_group_overrides(["quant=rtn", "correction=none,taylor", "quant.bits=2,4", "experiment=table1"])
+    with pytest.raises(ValueError, match=r"correction='bar' is not allowed: choose one of \['exact', 'none', 'taylor'\]"):
+        check_group_overrides(["correction=bar"])
+    with pytest.raises(ValueError, match="quant='nope'"):
+        check_group_overrides(["-m", "quant=rtn,nope"])
+
+
+def test_fetch_weights_dry_run_lists_targets_without_network(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import fetch_weights
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("VBENCH_CACHE_DIR", str(tmp_path / "vbench"))
+    monkeypatch.setattr(fetch_weights, "fetch", lambda item: pytest.fail(f"dry run fetched {item}"))
+    assert fetch_weights.main(["--dry-run", "--only", "lpips", "vbench"]) == 0
+    out = capsys.readouterr().out
+    alexnet = tmp_path / "torch" / "hub" / "checkpoints" / "alexnet-owt-7be5be79.pth"
+    assert f"[would fetch] LPIPS backbone (alex): {alexnet}" in out
+    assert str(tmp_path / "vbench" / "clip_model" / "ViT-B-32.pt") in out
+    alexnet.parent.mkdir(parents=True)
+    alexnet.write_bytes(b"x")
+    assert fetch_weights.main(["--dry-run", "--only", "lpips"]) == 0
+    assert "[present] LPIPS backbone" in capsys.readouterr().out
+    assert fetch_weights.main(["--dry-run", "--only", "vbench", "--vbench-dims", "nope"]) == 2
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+def test_every_experiment_composes_into_valid_runs(weights, experiment, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = _compose(f"experiment={experiment}", hydra_cfg=True)
+    assert cfg.experiment_name == experiment and cfg.hydra.sweeper.params
+    override = f"experiment={experiment}"
+    spec = _spec(weights, override) if cfg.model.kind == "tiny" else build_spec(_compose(override))  # no weights: ok
+    assert spec.experiment_name == experiment and len(spec.prompts) == cfg.eval.num_prompts

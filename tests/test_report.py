@@ -1,0 +1,118 @@
+"""Table 1 and the figures, from a real results store built by the pipeline (random-init tiny model)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from jensenkv.report.figures import jensen_bias_curves, plot_tradeoff
+from jensenkv.report.table1 import CSV_COLUMNS, main, paper_table, select_runs, write_table1
+from jensenkv.tracking import load_results
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pipeline_testkit import build_results_fixture, write_random_tiny_weights  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    build_results_fixture(root / "results", write_random_tiny_weights(root / "weights"))
+    return root / "results"
+
+
+@pytest.fixture(scope="module")
+def written(results, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    return out, write_table1(results, out)
+
+
+def test_table1_csv_has_one_row_per_table_run(results, written):
+    out, paths = written
+    table = pd.read_csv(paths["csv"])
+    required = {"model", "quantizer", "bits", "group_size", "rotation", "correction", "effective_bits",
+                "psnr", "ssim", "lpips", "vbench", "delta_p_s"}
+    assert required <= set(table.columns) and list(table.columns[: len(CSV_COLUMNS)]) == list(CSV_COLUMNS)
+    assert set(table["quantizer"]) == {"bf16", "rtn", "quarot+rtn"}
+    assert set(table.loc[table["quantizer"] != "bf16", "group_size"]) == {32}  # g=128 runs belong to the trade-off
+    assert len(table) == 1 + 2 * 2 + 2  # BF16, RTN INT2/INT4 x {none, taylor}, QuaRot INT2 x {none, taylor}
+    runs = load_results(results).set_index("run_id")
+    for _, row in table.iterrows():  # numbers are the records', not recomputed or invented
+        assert row["effective_bits"] == pytest.approx(runs.loc[row["run_id"], "effective_bits"])
+        if row["quantizer"] != "bf16":
+            assert row["psnr"] == pytest.approx(runs.loc[row["run_id"], "psnr"])
+            assert row["delta_p_s"] == pytest.approx(runs.loc[row["run_id"], "delta_p_s_mean"])
+
+
+def test_missing_metrics_are_empty_with_a_reason(written):
+    table = pd.read_csv(written[1]["csv"])
+    quantized = table[table["quantizer"] != "bf16"]
+    assert table["lpips"].isna().all()
+    assert quantized["lpips_missing_reason"].str.contains("alexnet-owt-7be5be79.pth").all()
+    assert table["psnr_missing_reason"].notna().tolist() == (table["quantizer"] == "bf16").tolist()
+    assert table["vbench"].notna().all() and table["vbench_missing_reason"].isna().all()
+
+
+def test_markdown_and_latex_follow_the_paper_layout(written):
+    out, paths = written
+    table = pd.read_csv(paths["csv"])
+    md, tex = Path(paths["md"]).read_text(), Path(paths["tex"]).read_text()
+    rtn2 = table[(table["quantizer"] == "rtn") & (table["bits"] == 2)].set_index("correction")
+    cell = f"{rtn2.loc['none', 'psnr']:.2f} -> {rtn2.loc['taylor', 'psnr']:.2f}"
+    assert cell in md and cell.replace("->", r"$\rightarrow$") in tex
+    assert "| BF16 " in md and "QuaRot+RTN" in md and "INT4 g32" in md
+    assert tex.count(r"\\") == 1 + 4  # header + BF16, RTN INT2, RTN INT4, QuaRot INT2
+    assert tex.startswith(r"\begin{table}") and r"\end{tabular}" in tex
+    assert "alexnet-owt-7be5be79.pth" in md  # the footnote says why LPIPS is n/a
+
+
+def test_figures_are_written(written):
+    out, paths = written
+    for name in ("jensen_bias", "tradeoff", "attention_mass"):
+        path = Path(paths[name])
+        assert path.parent == out / "figures" and path.stat().st_size > 10_000
+
+
+def test_paper_table_cells_are_none_then_corrected():
+    rows = pd.DataFrame([
+        {"model": "m", "quantizer": "bf16", "bits": 16, "group_size": None, "rotation": "none", "correction": "none",
+         "psnr": None, "ssim": None, "lpips": None, "vbench": 78.27},
+        {"model": "m", "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none", "correction": "none",
+         "psnr": 23.17, "ssim": 0.799, "lpips": 0.195, "vbench": 76.67},
+        {"model": "m", "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none", "correction": "taylor",
+         "psnr": 24.08, "ssim": 0.828, "lpips": 0.131, "vbench": 77.86},
+    ])
+    paper = paper_table(rows).set_index("quantizer")
+    assert paper.loc["BF16", "PSNR"] == "-" and paper.loc["BF16", "VBench"] == "78.27"
+    assert paper.loc["RTN", "PSNR"] == "23.17 -> 24.08" and paper.loc["RTN", "LPIPS"] == "0.195 -> 0.131"
+
+
+def test_select_runs_prefers_the_run_with_more_prompts():
+    base = {"model": "m", "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none", "correction": "none",
+            "values": "same", "sink_chunks": 0, "window_chunks": None, "strength": 1.0}
+    runs = pd.DataFrame([{**base, "run_id": "few", "num_prompts": 2, "created_at": "2026-01-02"},
+                         {**base, "run_id": "many", "num_prompts": 8, "created_at": "2026-01-01"},
+                         {**base, "run_id": "g64", "group_size": 64, "num_prompts": 8, "created_at": "2026-01-01"},
+                         {**base, "run_id": "sink", "sink_chunks": 1, "num_prompts": 8, "created_at": "2026-01-01"}])
+    assert list(select_runs(runs)["run_id"]) == ["many"]
+
+
+def test_jensen_bias_curves_match_monte_carlo_and_the_papers_taylor_error():
+    curves = jensen_bias_curves(torch.tensor([0.5, 1.0, 2.0, 3.0]), samples=400_000)
+    assert curves["monte_carlo"].to_numpy() == pytest.approx(curves["exact"].to_numpy(), rel=0.02, abs=1e-3)
+    excess = (curves["taylor"] / curves["exact"] - 1).to_numpy()
+    assert excess == pytest.approx([0.008, 0.03, 0.12, 0.24], abs=0.01)  # NOTES: 3% at 1, 12% at 2, 24% at 3
+    assert curves["exact"].iloc[1] == pytest.approx(math.log(math.sinh(1.0)), rel=1e-9)
+
+
+def test_tradeoff_plot_needs_its_columns():
+    with pytest.raises(ValueError, match="effective_bits"):
+        plot_tradeoff(pd.DataFrame({"psnr": [1.0]}))
+
+
+def test_cli_without_runs_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no finished runs"):
+        main(["--results", str(tmp_path)])

@@ -1,0 +1,280 @@
+"""The run pipeline end to end on the real generator (random-init tiny model, CPU): ids, BF16 references
+shared across runs, no-op reruns, resume after an interruption, records, and one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import jensenkv.generate
+import jensenkv.run as run_module
+from jensenkv.run import Runner, build_spec, compose_config, run_overrides
+from jensenkv.tracking import ResultsStore, load_results
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pipeline_testkit import fast_overrides, write_random_tiny_weights  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return write_random_tiny_weights(tmp_path_factory.mktemp("tiny") / "weights")
+
+
+@pytest.fixture
+def count_generations(monkeypatch):
+    """Count calls of the real generator (it still runs)."""
+    calls: list[str] = []
+    real = jensenkv.generate.generate_video
+
+    def counting(adapter, prompt, *args, **kwargs):
+        calls.append(prompt)
+        return real(adapter, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(jensenkv.generate, "generate_video", counting)
+    return calls
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_quantized_run_writes_a_complete_record(tmp_path, weights):
+    record = run_overrides(fast_overrides(tmp_path, weights, "quant.bits=2", "correction=taylor"))
+    store = ResultsStore(tmp_path)
+    assert store.read_record(record["run_id"]) == json.loads(store.record_path(record["run_id"]).read_text())
+    labels, metrics, missing = record["labels"], record["metrics"], record["missing"]
+    assert (labels["quantizer"], labels["bits"], labels["group_size"], labels["correction"]) == ("rtn", 2, 32, "taylor")
+    assert metrics["effective_bits"] == pytest.approx(2 + 24 / 32)  # fp16 step + uint8 zero per group of 32
+    assert 0 < metrics["ssim"] <= 1 and metrics["psnr"] > 0
+    assert "alexnet-owt-7be5be79.pth" in missing["lpips"]  # no backbone here: missing, with the reason
+    assert record["vbench_dimensions_used"] == ["temporal_flickering"]
+    assert metrics["vbench"] == pytest.approx(100 * metrics["vbench_temporal_flickering"])
+    for key in ("p_s_mean", "p_s_ref_mean", "delta_p_s_mean", "delta_p_s_median", "jsd_mean", "out_mse_mean"):
+        assert key in metrics
+    assert metrics["p_s_mean"] - metrics["p_s_ref_mean"] == pytest.approx(metrics["delta_p_s_mean"], abs=1e-6)
+    prompt = record["per_prompt"][0]
+    video = store.run_dir(record["run_id"]) / "videos" / prompt["video"]
+    assert video.suffix == ".mp4" and video.stat().st_size > 0
+    attention = store.run_dir(record["run_id"]) / "attention.csv"
+    import pandas as pd
+
+    probes = pd.read_csv(attention)
+    assert set(probes["layer"]) == {0, 1, 2, 3} and {"p_s", "p_r", "jsd"} <= set(probes.columns)
+
+
+def test_metrics_equal_a_direct_recomputation(tmp_path, weights):
+    """Regenerate both videos by hand with the generator and score them: the record must agree exactly."""
+    from jensenkv.eval.fidelity import video_psnr, video_ssim
+    from jensenkv.generate import generate_video
+    from jensenkv.models import build_adapter
+    from jensenkv.models.wan import AttentionSettings
+
+    overrides = fast_overrides(tmp_path, weights, "quant.bits=2", "correction=taylor")
+    record = run_overrides(overrides)
+    spec = build_spec(compose_config(overrides))
+    prompt = record["per_prompt"][0]
+    stored_ref = torch.load(ResultsStore(tmp_path).ref_path(prompt["reference_id"]), weights_only=True)["video"]
+    assert stored_ref.dtype == torch.uint8 and stored_ref.shape[1] == 3  # (F, C, H, W)
+
+    def u8(video):
+        return (video.clamp(0, 1) * 255).round().to(torch.uint8)
+
+    adapter = build_adapter(spec.model, cache=spec.reference_cache_config())
+    ref = u8(generate_video(adapter, prompt["prompt"], prompt["seed"]).video)
+    assert torch.equal(ref, stored_ref)
+    adapter.configure(cache=spec.cache_config(keep_reference=False),
+                      attention=AttentionSettings(correction="taylor", strength=1.0))
+    video = u8(generate_video(adapter, prompt["prompt"], prompt["seed"]).video)
+    x, y = video.float() / 255, ref.float() / 255
+    assert prompt["metrics"]["psnr"] == pytest.approx(video_psnr(x, y), rel=1e-12)
+    assert prompt["metrics"]["ssim"] == pytest.approx(video_ssim(x, y), rel=1e-12)
+
+
+def test_reference_is_generated_once_and_shared(tmp_path, weights, count_generations):
+    first = run_overrides(fast_overrides(tmp_path, weights, "correction=none"))
+    assert len(count_generations) == 2  # BF16 reference + the quantized video
+    second = run_overrides(fast_overrides(tmp_path, weights, "correction=taylor"))
+    assert len(count_generations) == 3  # only the quantized video: the reference is reused
+    assert first["run_id"] != second["run_id"]
+    assert first["per_prompt"][0]["reference_id"] == second["per_prompt"][0]["reference_id"]
+    assert len(list(ResultsStore(tmp_path).refs_dir.glob("*.pt"))) == 1
+    bf16 = run_overrides(fast_overrides(tmp_path, weights, "quant=bf16"))
+    assert len(count_generations) == 3  # the BF16 run IS the reference
+    assert bf16["labels"]["quantizer"] == "bf16" and bf16["metrics"]["effective_bits"] == 16.0
+    assert "own reference" in bf16["missing"]["psnr"]
+
+
+def test_rerunning_a_finished_run_is_a_no_op(tmp_path, weights, monkeypatch):
+    overrides = fast_overrides(tmp_path, weights)
+    record = run_overrides(overrides)
+    before = _tree(tmp_path)
+    monkeypatch.setattr("jensenkv.models.build_adapter", lambda *a, **k: pytest.fail("loaded the model again"))
+    assert run_overrides(overrides) == record
+    assert _tree(tmp_path) == before
+
+
+def test_an_interrupted_run_resumes_at_the_first_unfinished_prompt(tmp_path, weights, monkeypatch,
+                                                                   count_generations):
+    overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2")
+    real = Runner.prompt_result
+
+    def die_on_second(self, index, prompt, seed):
+        if index == 1:
+            raise KeyboardInterrupt
+        return real(self, index, prompt, seed)
+
+    monkeypatch.setattr(Runner, "prompt_result", die_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_overrides(overrides)
+    spec = build_spec(compose_config(overrides))
+    store = ResultsStore(tmp_path)
+    assert not store.has_record(spec.run_id) and store.prompt_result_path(spec.run_id, 0).exists()
+    assert len(count_generations) == 2  # reference + video of prompt 0
+    monkeypatch.setattr(Runner, "prompt_result", real)
+    record = run_overrides(overrides)
+    assert len(count_generations) == 4  # prompt 1 only: reference + video
+    assert [p["index"] for p in record["per_prompt"]] == [0, 1]
+    assert [p["prompt"] for p in record["per_prompt"]] == list(spec.prompts)
+
+
+def test_load_results_gathers_runs(tmp_path, weights):
+    for correction in ("none", "taylor"):
+        run_overrides(fast_overrides(tmp_path, weights, f"correction={correction}"))
+    df = load_results(tmp_path)
+    assert sorted(df["correction"]) == ["none", "taylor"]
+    assert {"psnr", "ssim", "vbench", "delta_p_s_mean", "lpips_missing_reason", "effective_bits"} <= set(df.columns)
+    assert df["psnr"].notna().all() and str(df["bits"].dtype) == "Int64"
+
+
+def test_a_run_held_by_another_live_process_is_skipped(tmp_path, weights, count_generations):
+    overrides = fast_overrides(tmp_path, weights)
+    spec = build_spec(compose_config(overrides))
+    lock = ResultsStore(tmp_path).run_lock(spec.run_id)
+    assert lock.try_acquire()  # held by this (live) process, as a parallel sweep job would
+    assert Runner(spec).run() is None and count_generations == []
+    lock.release()
+    assert Runner(spec).run()["run_id"] == spec.run_id
+
+
+def test_offline_wandb_gets_config_metrics_video_and_attention_plot(tmp_path, weights, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    record = run_overrides([*fast_overrides(tmp_path, weights), "logger=wandb_offline"])
+    runs = list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))  # logger.dir = <results_dir>/wandb
+    assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
+    media = runs[0] / "files" / "media"
+    assert list((media / "videos").glob("sample_video_*.mp4")) and list((media / "images").glob("attention_mass_*"))
+    assert record["run_id"]
+
+
+@pytest.mark.parametrize(("overrides", "key", "value"), [
+    (["quant.group_size=33"], "quant.group_size", "33"),
+    (["quant.bits=5"], "quant.bits", "5"),
+    (["quant.rotation=foo"], "quant.rotation", "'foo'"),
+    (["correction.method=bar"], "correction.method", "'bar'"),
+    (["correction.strength=-1"], "correction.strength", "-1"),
+    (["quant=qvg", "quant.qvg_centroids=256"], "quant.qvg_centroids", "256"),
+    (["quant=kivi", "quant.group_size=512"], "quant.group_size", "512"),
+    (["quant.values=half"], "quant.values", "'half'"),
+    (["cache.sink_chunks=-1"], "cache.sink_chunks", "-1"),
+    (["eval.num_prompts=99"], "eval.num_prompts", "99"),
+    (["eval.metrics=[psnr,fvd]"], "eval.metrics", "fvd"),
+    (["eval.vbench.dimensions=[sharpness]"], "eval.vbench.dimensions", "sharpness"),
+    (["model.steps=0"], "model.steps", "0"),
+    (["logger.mode=cloud"], "logger.mode", "'cloud'"),
+])
+def test_bad_values_name_key_value_and_allowed(weights, monkeypatch, overrides, key, value):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = compose_config([f"model.weights_dir={weights}", "model.device=cpu", *overrides])
+    with pytest.raises(ValueError) as info:
+        build_spec(cfg)
+    message = str(info.value)
+    assert key in message and value in message and "allowed" in message
+
+
+def test_precheck_validates_every_swept_value_before_any_job(weights):
+    from jensenkv.run import precheck, sweep_variants
+
+    fixed = [f"model.weights_dir={weights}", "model.device=cpu"]
+    precheck(["-m", *fixed, "quant.bits=2,4", "correction=none,taylor,exact"])
+    with pytest.raises(ValueError, match=r"^quant.bits=5 is not allowed: must be one of \(2, 3, 4, 8\)$"):
+        precheck(["-m", *fixed, "quant.bits=2,5", "correction=none,taylor"])  # the 2nd value of the 1st axis
+    with pytest.raises(ValueError, match=r"quant.foo is not allowed: quant has no key 'foo'; allowed keys: \["):
+        precheck([*fixed, "quant.foo=1"])
+    variants = sweep_variants(["-m", *fixed, "experiment=table1"])  # sweeps declared in the experiment file
+    assert {v for variant in variants for v in variant if v.startswith("quant=")} == \
+        {"quant=bf16", "quant=rtn", "quant=quarot", "quant=qvg"}
+    assert len(variants) == 1 + 3 + 1  # first values, then each other value once (not the 8-run product)
+    with pytest.raises(ValueError, match="quant.group_size=33"):
+        precheck(["-m", *fixed, "experiment=table1", "quant.group_size=33"])
+    assert sweep_variants(["--cfg", "job"]) is None  # Hydra's own flags: left to Hydra
+
+
+def _cli(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    env.pop("JENSENKV_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "jensenkv.run", *args, f"hydra.run.dir={tmp_path / 'out'}",
+                           f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["correction=bar"], "error: correction='bar' is not allowed: choose one of ['exact', 'none', 'taylor']"),
+    (["quant.group_size=33"], "error: quant.group_size=33 is not allowed: with granularity=token_group it must "
+                              "divide head_dim=128"),
+])
+def test_cli_rejects_bad_input_in_one_line_without_touching_results(tmp_path, weights, args, expected):
+    results = tmp_path / "results"
+    run_overrides(fast_overrides(results, weights))  # an existing result that must survive
+    before = _tree(results)
+    start = time.monotonic()
+    proc = _cli([*args, f"model.weights_dir={weights}", f"paths.results_dir={results}"], tmp_path)
+    assert proc.returncode == 2
+    assert time.monotonic() - start < 90  # seconds of imports, no model loading or generation
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [expected], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert _tree(results) == before
+
+
+@pytest.mark.slow
+def test_cli_sweep_then_rerun_is_a_no_op(tmp_path, weights):
+    results = tmp_path / "results"
+    args = ["-m", *fast_overrides(results, weights, "correction=none,taylor")]
+    first = _cli(args, tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr
+    records = sorted(results.glob("runs/*/record.json"))
+    assert len(records) == 2
+    before = _tree(results)
+    second = _cli(args, tmp_path, timeout=300)
+    assert second.returncode == 0
+    assert (second.stdout + second.stderr).count("already finished: nothing to do") == 2
+    assert _tree(results) == before
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher_runs_a_sweep(tmp_path, weights):
+    results = tmp_path / "results"
+    proc = _cli(["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+                 *fast_overrides(results, weights, "quant.bits=2,4")], tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = load_results(results)
+    assert sorted(df["bits"]) == [2, 4]
+    assert list((tmp_path / "multirun" / ".submitit").glob("*/*_result.pkl"))
+
+
+def test_runs_in_one_results_dir_never_collide(tmp_path, weights):
+    ids = {run_overrides(fast_overrides(tmp_path, weights, f"quant.bits={b}"))["run_id"] for b in (2, 4)}
+    assert len(ids) == 2 and {p.name for p in (tmp_path / "runs").iterdir()} == ids
+
+
+def test_module_exposes_the_hydra_entry_point():
+    assert callable(run_module.main) and run_module.CONFIG_DIR == REPO / "configs"
