@@ -208,24 +208,49 @@ def _exact_group_bias(qb: torch.Tensor, step: torch.Tensor, scale: float) -> tor
     return _exact_group_bias_tiled(qb, step, scale)
 
 
+def series_terms(arg_bound: float, tol: float = 1e-9) -> int:
+    """Fewest series terms whose truncation error ~ (arg_bound / pi)^(2N) stays below tol (at most 14)."""
+    ratio = (float(arg_bound) / math.pi) ** 2
+    if ratio <= 0:
+        return 1
+    return max(1, min(_SERIES_TERMS_GROUP, math.ceil(math.log(tol) / math.log(ratio))))
+
+
+def exact_series_query_columns(qb: torch.Tensor, groups: int, q_max: torch.Tensor, terms: int) -> torch.Tensor:
+    """(B, H, Q, G*N): a_n * sum_{c in j} (q_c / max|q|)^(2n), term-major (column n*G + j).
+
+    q is normalized by max|q| (folded into the key columns) so that q^(2n) cannot overflow.
+    """
+    q_sq = (qb / q_max.clamp_min(torch.finfo(qb.dtype).tiny)).square().unflatten(-1, (groups, -1))  # (B, H, Q, G, g)
+    cols, q_pow = [], q_sq
+    for a_n in log_sinhc_series_coefficients(terms):
+        cols.append(a_n * q_pow.sum(-1))  # (B, H, Q, G)
+        q_pow = q_pow * q_sq
+    return torch.cat(cols, dim=-1)
+
+
+def exact_series_key_columns(step: torch.Tensor, scale: float, q_max: torch.Tensor, terms: int) -> torch.Tensor:
+    """(B, H, K, G*N): u_kj^(2n) with u = scale/2 * max|q| * D_kj, term-major like the query columns."""
+    u_sq = (0.5 * scale * q_max * step).square()  # (B, H, K, G)
+    return torch.cat([u_sq.pow(n) for n in range(1, terms + 1)], dim=-1)
+
+
+def exact_series_columns(
+    qb: torch.Tensor, step: torch.Tensor, scale: float, q_max: torch.Tensor, terms: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factor the exact bias (series form) into columns: bias = q_cols @ k_cols^T, one matmul (or extra
+    SDPA columns) instead of N passes over (Q, K)."""
+    groups = step.shape[-1]
+    return (exact_series_query_columns(qb, groups, q_max, terms),
+            exact_series_key_columns(step, scale, q_max, terms))
+
+
 def _exact_group_bias_series(
     qb: torch.Tensor, step: torch.Tensor, scale: float, q_max: torch.Tensor
 ) -> torch.Tensor:
-    """sum_n a_n (scale D_kj / 2)^(2n) sum_{c in j} q_c^(2n): one (Q, G) x (G, K) matmul per term.
-
-    q is normalized by max|q| (folded into the step) so that q^(2n) cannot overflow.
-    """
-    groups = step.shape[-1]
-    q_unit = qb / q_max.clamp_min(torch.finfo(qb.dtype).tiny)  # (B, H, Q, D), |.| <= 1
-    u = 0.5 * scale * q_max * step  # (B, H, K, G), <= SERIES_MAX_ARG
-    q_sq = q_unit.square().unflatten(-1, (groups, -1))  # (B, H, Q, G, g)
-    u_sq = u.square()  # (B, H, K, G)
-    q_pow, u_pow = q_sq, u_sq
-    bias = torch.zeros(*qb.shape[:-1], step.shape[-2], dtype=qb.dtype, device=qb.device)  # (B, H, Q, K)
-    for a_n in log_sinhc_series_coefficients(_SERIES_TERMS_GROUP):
-        bias = bias + a_n * (q_pow.sum(-1) @ u_pow.transpose(-1, -2))
-        q_pow, u_pow = q_pow * q_sq, u_pow * u_sq
-    return bias
+    """sum_n a_n (scale D_kj / 2)^(2n) sum_{c in j} q_c^(2n) as one (Q, G*N) x (G*N, K) matmul."""
+    q_cols, k_cols = exact_series_columns(qb, step, scale, q_max, _SERIES_TERMS_GROUP)
+    return q_cols @ k_cols.transpose(-1, -2)  # (B, H, Q, K)
 
 
 def _exact_group_bias_tiled(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:

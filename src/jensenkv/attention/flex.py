@@ -3,7 +3,7 @@
 Taylor: score_mod subtracts sum_j qcoef[b, h, q_idx, j] * step2[b, h, kv_idx, j] with captured
 qcoef = strength * scale^2/24 * qn2 (B, H, Q, C) and step2 (B, H, K_total, C) (zeros on the current
 chunk and on segments without steps), unrolled over the C columns when C <= ``max_unrolled``; wider
-(per-channel steps, C = D) uses the augmented-column form of ``cpu.taylor_augmented_inputs``.
+(per-channel steps, C = D) uses the augmented-column form of ``cpu.augmented_inputs``.
 Exact: a captured (B, H, Q, K_total) bias table from ``group_bias``. No correction: plain flex.
 Compiled on CUDA (the eager path is unfused and O(Q K) memory); eager elsewhere, for tests.
 """
@@ -15,7 +15,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
-from jensenkv.attention.cpu import exact_bias_mask, taylor_augmented_inputs
+from jensenkv.attention.cpu import augmented_inputs, exact_bias_mask
 
 _compiled_flex: Callable | None = None
 
@@ -61,7 +61,7 @@ def flex_cached_attention(
 
         return attend(q, keys, values, score_mod=exact_mod, scale=scale)
     # taylor: reuse the augmented columns, either as columns or as captured tables
-    q_aug, k_aug, v_pad = taylor_augmented_inputs(q.float(), k_cur.float(), v_cur.float(), segments, scale, strength)
+    q_aug, k_aug, v_pad = augmented_inputs(q.float(), k_cur.float(), v_cur.float(), segments, "taylor", scale, strength)
     dim, dv = q.shape[-1], v_cur.shape[-1]
     if q_aug.shape[-1] - dim > max_unrolled:
         out = attend(q_aug.to(q.dtype), k_aug.to(q.dtype), v_pad.to(v_cur.dtype), scale=scale)
