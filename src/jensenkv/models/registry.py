@@ -16,6 +16,7 @@ from jensenkv.generate import GenerationConfig
 from jensenkv.models.wan import (
     AttentionSettings,
     ChunkwiseAdapter,
+    cast_like_diffusers,
     T5PromptEncoder,
     WanVaeDecoder,
     load_wan_transformer,
@@ -118,7 +119,7 @@ def load_tiny_adapter(cache: CacheConfig, attention: AttentionSettings | None = 
         return text_encoder(tokenizer(prompts).to(device))  # (B, L, text_dim)
 
     channels = transformer.config.in_channels
-    return ChunkwiseAdapter(transformer.to(device, dtype), encode,
+    return ChunkwiseAdapter(cast_like_diffusers(transformer, dtype).to(device), encode,
                             (channels, int(tiny_config["data"]["height"]), int(tiny_config["data"]["width"])),
                             generation_config(cfg, defaults), cache, attention, clean_range=(-1.0, 1.0))
 
