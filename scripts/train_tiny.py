@@ -41,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--finetune-steps", type=int, nargs="+", default=[1500, 2000],
+    p.add_argument("--finetune-steps", type=int, nargs="+", default=[1500, 2000, 2400],
                    help="steps of each warm-restart round (phase 1, 2, ...), each from the previous EMA weights")
     p.add_argument("--finetune-lr", type=float, default=3e-4)
     p.add_argument("--finetune-warmup", type=int, default=50)
