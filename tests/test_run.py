@@ -278,3 +278,16 @@ def test_runs_in_one_results_dir_never_collide(tmp_path, weights):
 
 def test_module_exposes_the_hydra_entry_point():
     assert callable(run_module.main) and run_module.CONFIG_DIR == REPO / "configs"
+
+
+def test_weights_digest_changes_when_the_tiny_weights_change(tmp_path):
+    """Retrained built-in weights must not reuse runs made with the old ones."""
+    from jensenkv.run.spec import weights_digest
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"old weights")
+    model = {"kind": "tiny", "weights_dir": str(tmp_path)}
+    before = weights_digest(model)
+    weights.write_bytes(b"new weights, retrained")
+    assert before is not None and weights_digest(model) != before
+    assert weights_digest({"kind": "diffusers", "path": "x"}) is None

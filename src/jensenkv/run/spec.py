@@ -8,6 +8,8 @@ runs get equal ids.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +33,27 @@ def _is_int(value: Any) -> bool:
 
 
 # --- the run's specification ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def weights_digest(model: Mapping[str, Any]) -> str | None:
+    """Digest of the built-in model's weights file, so retrained weights never reuse old runs.
+
+    Real checkpoints (GBs) are identified by their path / hub id in the model config instead.
+    """
+    if model.get("kind") != "tiny":
+        return None
+    from jensenkv.models.tiny.config import WEIGHTS_DIR, WEIGHTS_FILE
+
+    path = Path(model.get("weights_dir") or WEIGHTS_DIR) / WEIGHTS_FILE
+    if not path.is_file():
+        return None  # loading reports the missing file, naming it
+    stat = path.stat()
+    return _file_digest(str(path), stat.st_size, stat.st_mtime_ns)
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run does, validated and canonicalised (built from the Hydra config, no heavy work)."""
@@ -70,6 +93,7 @@ class RunSpec:
         """What the run id hashes: everything that changes the run's videos or metrics."""
         return {
             "model": self.model,
+            "weights": weights_digest(self.model),
             "key": dataclasses.asdict(self.key),
             "value": dataclasses.asdict(self.value),
             "correction": self.correction,
@@ -92,7 +116,8 @@ class RunSpec:
 
     def reference_identity(self, prompt: str, seed: int) -> dict:
         """What a BF16 reference video depends on: the model, the prompt, the seed and the cache layout."""
-        return {"kind": "full-precision reference", "model": self.model, "prompt": prompt, "seed": int(seed),
+        return {"kind": "full-precision reference", "model": self.model, "weights": weights_digest(self.model),
+                "prompt": prompt, "seed": int(seed),
                 "sink_chunks": self.sink_chunks, "window_chunks": self.window_chunks,
                 "full_precision_dtype": self.full_precision_dtype}
 
