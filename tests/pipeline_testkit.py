@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 FAST = ("model.device=cpu", "model.steps=2", "model.num_chunks=2", "eval.num_prompts=1", "logger=disabled",
-        "eval.metrics=[psnr,ssim,lpips,vbench,attention]", "eval.vbench.dimensions=[temporal_flickering]")
+        "eval.metrics=[psnr,ssim,lpips,vbench,attention,content]", "eval.vbench.dimensions=[temporal_flickering]")
 
 
 def write_random_tiny_weights(folder: Path) -> Path:

@@ -34,7 +34,7 @@ def test_table1_csv_has_one_row_per_table_run(results, written):
     out, paths = written
     table = pd.read_csv(paths["csv"])
     required = {"model", "quantizer", "bits", "group_size", "rotation", "correction", "effective_bits",
-                "psnr", "ssim", "lpips", "vbench", "delta_p_s"}
+                "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s"}
     assert required <= set(table.columns) and list(table.columns[: len(CSV_COLUMNS)]) == list(CSV_COLUMNS)
     assert set(table["quantizer"]) == {"bf16", "rtn", "quarot+rtn"}
     assert set(table.loc[table["quantizer"] != "bf16", "group_size"]) == {32}  # g=128 runs belong to the trade-off
@@ -54,6 +54,7 @@ def test_missing_metrics_are_empty_with_a_reason(written):
     assert quantized["lpips_missing_reason"].str.contains("alexnet-owt-7be5be79.pth").all()
     assert table["psnr_missing_reason"].notna().tolist() == (table["quantizer"] == "bf16").tolist()
     assert table["vbench"].notna().all() and table["vbench_missing_reason"].isna().all()
+    assert table["content"].between(0, 1).all() and table["content_missing_reason"].isna().all()  # BF16 too
 
 
 def test_markdown_and_latex_follow_the_paper_layout(written):
@@ -79,15 +80,16 @@ def test_figures_are_written(written):
 def test_paper_table_cells_are_none_then_corrected():
     rows = pd.DataFrame([
         {"model": "m", "quantizer": "bf16", "bits": 16, "group_size": None, "rotation": "none", "correction": "none",
-         "psnr": None, "ssim": None, "lpips": None, "vbench": 78.27},
+         "psnr": None, "ssim": None, "lpips": None, "vbench": 78.27, "content": 0.875},
         {"model": "m", "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none", "correction": "none",
-         "psnr": 23.17, "ssim": 0.799, "lpips": 0.195, "vbench": 76.67},
+         "psnr": 23.17, "ssim": 0.799, "lpips": 0.195, "vbench": 76.67, "content": 0.5},
         {"model": "m", "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none", "correction": "taylor",
          "psnr": 24.08, "ssim": 0.828, "lpips": 0.131, "vbench": 77.86},
     ])
     paper = paper_table(rows).set_index("quantizer")
     assert paper.loc["BF16", "PSNR"] == "-" and paper.loc["BF16", "VBench"] == "78.27"
     assert paper.loc["RTN", "PSNR"] == "23.17 -> 24.08" and paper.loc["RTN", "LPIPS"] == "0.195 -> 0.131"
+    assert paper.loc["BF16", "Content"] == "0.88" and paper.loc["RTN", "Content"] == "0.50 -> n/a"  # no value: n/a
 
 
 def test_select_runs_prefers_the_run_with_more_prompts():

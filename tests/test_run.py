@@ -70,6 +70,22 @@ def test_a_quantized_run_writes_a_complete_record(tmp_path, weights):
     assert set(probes["layer"]) == {0, 1, 2, 3} and {"p_s", "p_r", "jsd"} <= set(probes.columns)
 
 
+def test_content_is_scored_for_bf16_and_quantized_runs_and_missing_outside_the_grammar(tmp_path, weights):
+    from jensenkv.eval.content import content_match
+
+    store = ResultsStore(tmp_path)
+    bf16 = run_overrides(fast_overrides(tmp_path, weights, "quant=bf16"))
+    prompt = bf16["per_prompt"][0]
+    ref = torch.load(store.ref_path(prompt["reference_id"]), weights_only=True)["video"]  # (F, C, H, W) uint8
+    expected = content_match(ref.float() / 255, prompt["prompt"])  # BF16 scores its own video
+    assert {k: prompt["metrics"][k] for k in expected} == expected
+    assert bf16["metrics"]["content"] == prompt["metrics"]["content"] and "content" not in bf16["missing"]
+    quantized = run_overrides(fast_overrides(tmp_path, weights, "quant=rtn"))
+    assert {"content", "content_colour", "content_direction"} <= set(quantized["per_prompt"][0]["metrics"])
+    outside = run_overrides(fast_overrides(tmp_path, weights, "eval.prompts=[a red circle on a dark background]"))
+    assert "content" not in outside["metrics"] and "grammar" in outside["missing"]["content"]
+
+
 def test_metrics_equal_a_direct_recomputation(tmp_path, weights):
     """Regenerate both videos by hand with the generator and score them: the record must agree exactly."""
     from jensenkv.eval.fidelity import video_psnr, video_ssim

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jensenkv.eval.content import content_accuracy, estimate_background, recover_content
+from jensenkv.eval.content import content_accuracy, content_match, estimate_background, recover_content
 from jensenkv.models.tiny.data import COLOURS, DIRECTIONS, VideoSpec, all_specs, render_video
 
 
@@ -79,3 +79,13 @@ def test_bad_inputs_raise_value_error():
         content_accuracy(torch.zeros(1, 8, 3, 16, 16), ["a", "b"])
     with pytest.raises(ValueError, match="grammar"):
         content_accuracy(torch.zeros(1, 8, 3, 16, 16), ["a red thing"])
+
+
+def test_content_match_scores_one_video_and_rejects_prompts_outside_the_grammar():
+    spec = VideoSpec("cyan", "square", "up", "gradient")
+    video = render_video(spec, 7)  # (F, C, H, W)
+    assert content_match(video, spec.prompt) == {"content": 1.0, "content_colour": 1.0, "content_direction": 1.0}
+    wrong_direction = spec.prompt.replace(" up ", " down ")
+    assert content_match(video, wrong_direction) == {"content": 0.0, "content_colour": 1.0, "content_direction": 0.0}
+    with pytest.raises(ValueError, match="grammar"):
+        content_match(video, "a fox in the snow")

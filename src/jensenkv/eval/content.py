@@ -102,6 +102,17 @@ def recover_content(video: torch.Tensor) -> Content:
     return Content(colour=colour, direction=direction, foreground_fraction=fg_fraction)
 
 
+def content_match(video: torch.Tensor, prompt: str) -> dict[str, float]:
+    """1.0 / 0.0 for one (F, C, H, W) video in [0, 1]: colour, direction and both recovered as prompted.
+
+    Raises ValueError for a prompt outside the built-in model's grammar."""
+    spec = parse_prompt(prompt)
+    got = recover_content(video)
+    colour, direction = got.colour == spec.colour, got.direction == spec.direction
+    return {"content": float(colour and direction), "content_colour": float(colour),
+            "content_direction": float(direction)}
+
+
 def content_accuracy(videos: torch.Tensor | Sequence[torch.Tensor], prompts: Sequence[str]) -> dict[str, float]:
     """Fraction of videos whose recovered colour / direction / both match their prompt.
 
@@ -111,13 +122,8 @@ def content_accuracy(videos: torch.Tensor | Sequence[torch.Tensor], prompts: Seq
         raise ValueError(f"len(videos)={len(videos)} must equal len(prompts)={len(prompts)}")
     if len(prompts) == 0:
         raise ValueError("prompts=[] is not allowed: content_accuracy needs at least one video")
-    colour_ok = direction_ok = both_ok = 0
-    for video, prompt in zip(videos, prompts):
-        spec = parse_prompt(prompt)
-        got = recover_content(video)
-        c, d = got.colour == spec.colour, got.direction == spec.direction
-        colour_ok += c
-        direction_ok += d
-        both_ok += c and d
+    scores = [content_match(video, prompt) for video, prompt in zip(videos, prompts)]
     n = len(prompts)
-    return {"colour": colour_ok / n, "direction": direction_ok / n, "both": both_ok / n}
+    return {"colour": sum(s["content_colour"] for s in scores) / n,
+            "direction": sum(s["content_direction"] for s in scores) / n,
+            "both": sum(s["content"] for s in scores) / n}

@@ -21,14 +21,16 @@ import pandas as pd
 
 from jensenkv.tracking import atomic_write, load_results
 
-METRICS = ("psnr", "ssim", "lpips", "vbench", "delta_p_s")
+METRICS = ("psnr", "ssim", "lpips", "vbench", "content", "delta_p_s")
 CSV_COLUMNS = ("model", "quantizer", "bits", "group_size", "rotation", "correction", "strength", "effective_bits",
-               "psnr", "ssim", "lpips", "vbench", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
+               "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
                "vbench_dimensions_used", "run_id")
 QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6}
 QUANTIZER_NAMES = {"bf16": "BF16", "rtn": "RTN", "kivi": "KIVI", "quarot+rtn": "QuaRot+RTN",
                    "quarot+kivi": "QuaRot+KIVI", "qvg": "QVG", "quarot+qvg": "QuaRot+QVG"}
-DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2}
+DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2}
+HEADERS = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "content": "Content"}
+NO_REFERENCE = ("vbench", "content")  # scored on the video alone: BF16 rows show their own value
 SETTING = ("model", "quantizer", "bits", "group_size", "rotation", "correction")
 
 
@@ -91,24 +93,23 @@ def paper_table(table: pd.DataFrame, correction: str = "taylor") -> pd.DataFrame
                "bits": "BF16" if quantizer == "bf16" else f"INT{int(bits)} g{int(group)}"}
         base = by_corr.get("none")
         fixed = by_corr.get(correction)
-        for metric in ("psnr", "ssim", "lpips", "vbench"):
+        for metric, header in HEADERS.items():
             if quantizer == "bf16":
-                row[metric.upper() if metric != "vbench" else "VBench"] = (
-                    _fmt(base[metric], metric) if metric == "vbench" and base is not None else "-")
+                row[header] = _fmt(base.get(metric), metric) if metric in NO_REFERENCE and base is not None else "-"
                 continue
-            a = _fmt(base[metric], metric) if base is not None else "n/a"
-            b = _fmt(fixed[metric], metric) if fixed is not None else "n/a"
-            row[metric.upper() if metric != "vbench" else "VBench"] = f"{a} -> {b}"
+            a = _fmt(base.get(metric), metric) if base is not None else "n/a"
+            b = _fmt(fixed.get(metric), metric) if fixed is not None else "n/a"
+            row[header] = f"{a} -> {b}"
         rows.append(row)
-    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", "PSNR", "SSIM", "LPIPS", "VBench"])
+    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", *HEADERS.values()])
 
 
 def missing_notes(table: pd.DataFrame) -> list[str]:
     """One line per distinct reason a metric is missing (the tables' footnotes)."""
     notes = []
-    for metric in ("psnr", "ssim", "lpips", "vbench"):
+    for metric in HEADERS:
         col = f"{metric}_missing_reason"
-        reasons = table.loc[table["quantizer"] != "bf16", col].dropna().unique() if metric != "vbench" \
+        reasons = table.loc[table["quantizer"] != "bf16", col].dropna().unique() if metric not in NO_REFERENCE \
             else table[col].dropna().unique()
         notes += [f"{metric}: {r}" for r in reasons]
     dims = table["vbench_dimensions_used"].dropna().unique()
@@ -129,13 +130,14 @@ def _latex_escape(text: str) -> str:
 
 def to_latex(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             r"\begin{tabular}{lll" + "c" * 4 + "}", r"\toprule",
-             "Model & Quantizer & Bits & PSNR $\\uparrow$ & SSIM $\\uparrow$ & LPIPS $\\downarrow$ & VBench $\\uparrow$ \\\\",
+             r"\begin{tabular}{lll" + "c" * len(HEADERS) + "}", r"\toprule",
+             "Model & Quantizer & Bits & PSNR $\\uparrow$ & SSIM $\\uparrow$ & LPIPS $\\downarrow$ & VBench $\\uparrow$ "
+             "& Content $\\uparrow$ \\\\",
              r"\midrule"]
     for _, row in paper.iterrows():
         lines.append(" & ".join(_latex_escape(str(row[c])) for c in paper.columns) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}",
-              r"\caption{Fidelity to the BF16 video and VBench, no correction $\rightarrow$ "
+              r"\caption{Fidelity to the BF16 video, VBench and prompt-content recovery, no correction $\rightarrow$ "
               + _latex_escape(correction) + " correction."
               + "".join(" " + _latex_escape(n) + "." for n in notes) + "}",
               r"\label{tab:table1}", r"\end{table}", ""]

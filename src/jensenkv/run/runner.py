@@ -107,6 +107,18 @@ class Runner:
             self._lpips = LpipsScorer(self.spec.lpips_net, device=self.spec.model.get("device") or "cpu")
         return self._lpips
 
+    def score_content(self, prompt: str, video: Any, metrics: dict, missing: dict) -> None:
+        """Prompt-content recovery (colour and direction); BF16 runs get it too: it needs no reference."""
+        from jensenkv.eval.content import content_match
+
+        if self.spec.model.get("kind") != "tiny":
+            missing["content"] = "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"
+            return
+        try:
+            metrics.update(content_match(video.float() / 255, prompt))  # video: (F, C, H, W) uint8
+        except ValueError as err:
+            missing["content"] = f"content recovery needs a prompt in the built-in model's grammar: {err}"
+
     def prompt_result(self, index: int, prompt: str, seed: int) -> dict:
         """Generate and score one (prompt, seed); saved atomically so a rerun skips it."""
         from jensenkv.eval.attention import probe_frame, summarize_probes
@@ -149,6 +161,8 @@ class Runner:
                     atomic_write_json(path.with_suffix(".attention.json"), frame.to_dict(orient="list"))
                 else:
                     missing["attention"] = "the generator recorded no probes (a single chunk has no cache)"
+        if "content" in spec.metrics:
+            self.score_content(prompt, video, metrics, missing)
         video_file = None
         if spec.save_videos or "vbench" in spec.metrics:
             video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.fps).name

@@ -20,7 +20,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")
 CORRECTIONS = ("none", "taylor", "exact")
 VALUES_MODES = ("same", "none")
-METRICS = ("psnr", "ssim", "lpips", "vbench", "attention")
+METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content")
 FULL_PRECISION_DTYPES = ("bfloat16", "float16", "float32")
 
 
