@@ -185,3 +185,16 @@ def test_committed_weights_load_and_fit_the_budget():
     assert (WEIGHTS_DIR / CONFIG_FILE).is_file()
     assert transformer.config.attention_head_dim == 128 and transformer.config.num_frame_per_block == 2
     assert set(config) >= {"transformer", "text", "data", "sampler"}
+
+
+@pytest.mark.skipif(not (WEIGHTS_DIR / WEIGHTS_FILE).is_file(), reason="tiny weights not trained")
+def test_committed_weights_draw_the_prompted_content_for_held_out_prompts():
+    """The model card's protocol at 2 seeds per held-out prompt (prompts never seen in training)."""
+    from jensenkv.eval.content import content_accuracy
+
+    transformer, enc, tok, config = load_tiny()
+    sampler = SamplerConfig(**config["sampler"])
+    prompts = [s.prompt for s in held_out_specs() for _ in range(2)]
+    videos = torch.cat([sample_block_causal(transformer, enc, tok, [p], 1000 + i, sampler)
+                        for i, p in enumerate(prompts)])  # (N, F, C, H, W)
+    assert content_accuracy(videos, prompts)["both"] >= 0.8
