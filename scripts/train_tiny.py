@@ -2,8 +2,12 @@
 
 Objective: rectified flow with diffusion forcing over chunks of 2 frames. Each training video picks a
 "current" chunk k; chunks before k are clean (t = 0, as the KV cache holds them at inference), chunk k and
-the later chunks get independent noise levels t ~ U(0, 1). The loss is on the noisy chunks. The prompt is
-dropped (all padding) 10% of the time for classifier-free guidance. An EMA of the weights is saved.
+the later chunks get independent noise levels (logit-normal by default). k = 0, the chunk drawn from the
+prompt alone, is picked with probability 0.4 rather than 1/4: under a uniform k the first frames were the
+weak point (68% held-out content recovery, against 91% with this recipe). The loss is on the noisy chunks.
+The prompt is dropped (all padding) 10% of the time for classifier-free guidance. An EMA of the weights
+is saved. Default: one 10,000-step cosine run (about 70 min on 2 CPU cores); --finetune-steps adds
+warm-restart rounds from the EMA weights.
 
 Deterministic for a given seed and thread count. Writes, into src/jensenkv/models/tiny/weights/:
 model.safetensors (EMA transformer + text encoder), config.json, loss.csv, loss.png, samples.png,
@@ -69,8 +73,8 @@ def parse_args() -> argparse.Namespace:
 
 @dataclass(frozen=True)
 class Phase:
-    """One training phase: phase 0 from random init, phase 1 fine-tunes phase 0's EMA weights with a fresh
-    optimizer and a lower learning rate (a warm restart; both run back to back in `make train-tiny`)."""
+    """One training phase: phase 0 from random init; phases 1, 2, ... (only with --finetune-steps) fine-tune
+    the previous EMA weights with a fresh optimizer and a lower learning rate (warm restarts)."""
 
     index: int
     steps: int
