@@ -5,7 +5,6 @@ weights at 2 chunks x 2 steps on CPU, so a run takes about a second.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -14,26 +13,19 @@ FAST = ("model.device=cpu", "model.steps=2", "model.num_chunks=2", "eval.num_pro
         "eval.metrics=[psnr,ssim,lpips,vbench,attention,content]", "eval.vbench.dimensions=[temporal_flickering]")
 
 
-def write_random_tiny_weights(folder: Path) -> Path:
-    """Random-init weights in the tiny model's on-disk format (config.json + model.safetensors)."""
-    from safetensors.torch import save_file
-
-    from jensenkv.models.tiny.config import (CONFIG_FILE, TEXT_PREFIX, TRANSFORMER_PREFIX, WEIGHTS_FILE,
-                                             SamplerConfig, build_transformer, default_transformer_config)
+def write_random_tiny_weights(folder: Path, **sampler) -> Path:
+    """Random-init weights in the tiny model's on-disk format (config.json + model.safetensors);
+    ``sampler`` overrides the stored sampler defaults (e.g. steps=2, num_chunks=2)."""
+    from jensenkv.models.tiny import save_tiny
+    from jensenkv.models.tiny.config import SamplerConfig, build_transformer, default_transformer_config
     from jensenkv.models.tiny.data import DataConfig
     from jensenkv.models.tiny.text import TextConfig, build_text
 
     torch.manual_seed(0)
-    transformer_cfg = default_transformer_config()
-    data = DataConfig()
-    config = {"transformer": transformer_cfg, "text": TextConfig().to_dict(), "data": data.to_dict(),
-              "sampler": SamplerConfig().to_dict(), "height": data.height, "width": data.width}
+    config = {"transformer": default_transformer_config(), "text": TextConfig().to_dict(),
+              "data": DataConfig().to_dict(), "sampler": SamplerConfig(**sampler).to_dict()}
     _, text_encoder = build_text(TextConfig())
-    state = {f"{TRANSFORMER_PREFIX}{k}": v for k, v in build_transformer(transformer_cfg).state_dict().items()}
-    state.update({f"{TEXT_PREFIX}{k}": v for k, v in text_encoder.state_dict().items()})
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
+    save_tiny(folder, build_transformer(config["transformer"]), text_encoder, config)
     return folder
 
 

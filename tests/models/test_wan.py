@@ -9,8 +9,8 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before diffusers / huggingface_hub are imported
 
-import json
 import socket
+import sys
 import zlib
 from pathlib import Path
 
@@ -37,6 +37,9 @@ from jensenkv.models.wan import (
     load_original_wan_checkpoint,
 )
 from jensenkv.quant import QuantConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline_testkit import write_random_tiny_weights  # noqa: E402
 
 TEST_CONFIG = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
                "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2,
@@ -360,29 +363,8 @@ def test_real_model_configs_are_valid_and_fail_cleanly_without_weights(name, tmp
         build_adapter(cfg)
 
 
-def _fake_tiny_weights(folder: Path) -> None:
-    """Random-init weights in the tiny model's on-disk format (config.json + model.safetensors)."""
-    from safetensors.torch import save_file
-
-    from jensenkv.models.tiny.config import (CONFIG_FILE, TEXT_PREFIX, TRANSFORMER_PREFIX, WEIGHTS_FILE,
-                                             SamplerConfig, build_transformer, default_transformer_config)
-    from jensenkv.models.tiny.data import DataConfig
-    from jensenkv.models.tiny.text import TextConfig, build_text
-
-    torch.manual_seed(0)
-    transformer_cfg = {**default_transformer_config(), "patch_size": [1, 2, 2]}
-    config = {"transformer": transformer_cfg, "text": TextConfig().to_dict(), "data": DataConfig().to_dict(),
-              "sampler": SamplerConfig(steps=2, num_chunks=2).to_dict()}
-    _, text_encoder = build_text(TextConfig())
-    state = {f"{TRANSFORMER_PREFIX}{k}": v for k, v in build_transformer(transformer_cfg).state_dict().items()}
-    state.update({f"{TEXT_PREFIX}{k}": v for k, v in text_encoder.state_dict().items()})
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
-
-
 def test_tiny_config_builds_from_stored_defaults(tmp_path):
-    _fake_tiny_weights(tmp_path / "weights")
+    write_random_tiny_weights(tmp_path / "weights", steps=2, num_chunks=2)
     adapter = build_adapter(_model_config("tiny", f"weights_dir={tmp_path / 'weights'}", "device=cpu"))
     assert (adapter.generation.steps, adapter.generation.num_chunks) == (2, 2)  # from config.json
     assert adapter.latent_frame_shape == (3, 16, 16) and adapter.clean_range == (-1.0, 1.0)

@@ -226,8 +226,7 @@ def model_geometry(model: Mapping[str, Any]) -> tuple[int | None, int | None]:
             weights_dir = Path(model.get("weights_dir") or _tiny_weights_dir())
             stored = json.loads((weights_dir / "config.json").read_text())
             transformer = stored["transformer"]
-            height = stored.get("height") or stored["data"]["height"]
-            width = stored.get("width") or stored["data"]["width"]
+            height, width = stored["data"]["height"], stored["data"]["width"]
             frames = model.get("frames_per_chunk") or stored["sampler"]["frames_per_chunk"]
             scale = 1  # pixel space
         elif model.get("kind") == "diffusers":
