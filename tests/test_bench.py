@@ -21,7 +21,6 @@ from jensenkv.bench.timing import Timing, paired_ratios, time_interleaved
 from jensenkv.quant import QuantConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-REQUIRED = ("benchmark", "config", "value", "unit", "median", "iqr", "repeats")
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +48,6 @@ def _one(frame: pd.DataFrame, benchmark: str, config: str, shape: str) -> pd.Ser
 def test_quick_run_schema(quick_run):
     frame, _ = quick_run
     assert tuple(frame.columns) == COLUMNS
-    for col in REQUIRED:
-        assert col in frame.columns
     assert frame["value"].notna().all() and (frame["value"] > 0).all()
     assert (frame["repeats"] >= 1).all()
     expected = {"cache_bytes_per_token", "cache_bytes_ratio", "commit_time", "quantize_throughput",
@@ -65,9 +62,8 @@ def test_correction_ratios_are_quotients_of_the_timed_medians(quick_run):
     frame, _ = quick_run
     ratios = _rows(frame, "correction_overhead_ratio")
     for _, r in ratios[ratios["shape"] != "overall"].iterrows():
-        corrected = "exact-fallback" if r.config == "exact-fallback" else r.config
         none = "none-outliers" if r.config == "exact-fallback" else "none"
-        num = _one(frame, "attention_time", f"rtn-int2-g32+{corrected}", r["shape"])
+        num = _one(frame, "attention_time", f"rtn-int2-g32+{r.config}", r["shape"])
         den = _one(frame, "attention_time", f"rtn-int2-g32+{none}", r["shape"])
         assert r.numerator == num.value and r.denominator == den.value
         assert math.isclose(r.value, num.value / den.value, rel_tol=1e-12)
@@ -107,8 +103,6 @@ def test_cache_bytes_match_theory_and_bf16(quick_run):
     for _, r in _rows(frame, "cache_bytes_ratio").iterrows():
         assert math.isclose(r.value, r.numerator / r.denominator, rel_tol=1e-12)
         assert abs(r.value / r.theory - 1) <= 0.01, (r.config, r["shape"], r.value, r.theory)
-        per_token = _one(frame, "cache_bytes_per_token", r.config, r["shape"])
-        assert math.isclose(per_token.value, r.numerator, rel_tol=1e-12)
         # BF16 bytes per token: 2 bytes x H x D per tensor (shape label "K 1xHxSxD" / "K+V ...")
         scope, dims = r["shape"].split()
         b, h, s, d = (int(x) for x in dims.split("x"))
@@ -196,11 +190,10 @@ def test_bad_config_names_are_rejected(name):
         key_value_configs(name)
 
 
-def test_full_plan_covers_the_requested_shapes():
-    plan = full_plan()
-    shapes = plan.attention_shapes
-    assert all(s.head_dim == 128 and 2 <= s.heads <= 4 for s in shapes)
-    assert min(s.cached for s in shapes) == 4096 and max(s.cached for s in shapes) == 32768
-    assert min(s.queries for s in shapes) == 1024 and max(s.queries for s in shapes) == 4096
-    assert plan.bytes_shape.tokens == 4680 and plan.bytes_shape.heads == 12
-    assert set(plan.bytes_configs) == set(BYTES_CONFIGS)
+def test_end_to_end_baseline_stores_bfloat16():
+    """The e2e ratios divide by a BF16 cache, not by the float32 one the model computes in."""
+    from jensenkv.bench.tiny_e2e import BASELINE, _cache
+
+    cache = _cache(BASELINE)
+    for part in (cache.key, cache.value):
+        assert part.method == "none" and part.store_dtype == "bfloat16"

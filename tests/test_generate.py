@@ -297,9 +297,10 @@ def test_staircase_kv_range_counts_in_flight_chunks_first(monkeypatch, kv_range)
     assert probed == seen_cache and len(probes) == 2 * len(seen_cache)  # probes: chunks that saw the cache
 
 
-def test_in_flight_chunks_are_never_corrected():
-    """A window forward whose chunks see no cached chunk (only each other) is untouched by the correction;
-    with the cache in view the correction acts. The earlier chunk ignores the later one (block-causal)."""
+def test_correction_acts_only_when_cached_chunks_are_in_view():
+    """A window forward whose kv_ranges hide every cached chunk (the chunks see only each other, which are
+    never quantized) is untouched by the correction; with the cache in view the correction acts. The
+    earlier chunk ignores the later one (block-causal)."""
     plain = make_adapter(cache=int2_cache())
     fixed = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"))
     gen = torch.Generator().manual_seed(3)

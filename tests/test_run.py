@@ -49,7 +49,6 @@ def _tree(root: Path) -> dict[str, float]:
 def test_a_quantized_run_writes_a_complete_record(tmp_path, weights):
     record = run_overrides(fast_overrides(tmp_path, weights, "quant.bits=2", "correction=taylor"))
     store = ResultsStore(tmp_path)
-    assert store.read_record(record["run_id"]) == json.loads(store.record_path(record["run_id"]).read_text())
     labels, metrics, missing = record["labels"], record["metrics"], record["missing"]
     assert (labels["quantizer"], labels["bits"], labels["group_size"], labels["correction"]) == ("rtn", 2, 32, "taylor")
     assert metrics["effective_bits"] == pytest.approx(2 + 24 / 32)  # fp16 step + uint8 zero per group of 32
@@ -59,7 +58,6 @@ def test_a_quantized_run_writes_a_complete_record(tmp_path, weights):
     assert metrics["vbench"] == pytest.approx(100 * metrics["vbench_temporal_flickering"])
     for key in ("p_s_mean", "p_s_ref_mean", "delta_p_s_mean", "delta_p_s_median", "jsd_mean", "out_mse_mean"):
         assert key in metrics
-    assert metrics["p_s_mean"] - metrics["p_s_ref_mean"] == pytest.approx(metrics["delta_p_s_mean"], abs=1e-6)
     prompt = record["per_prompt"][0]
     video = store.run_dir(record["run_id"]) / "videos" / prompt["video"]
     assert video.suffix == ".mp4" and video.stat().st_size > 0
@@ -68,6 +66,10 @@ def test_a_quantized_run_writes_a_complete_record(tmp_path, weights):
 
     probes = pd.read_csv(attention)
     assert set(probes["layer"]) == {0, 1, 2, 3} and {"p_s", "p_r", "jsd"} <= set(probes.columns)
+    # the run's summaries are the statistics of the denoising-step probes it stored (step -1: commit pass)
+    denoising = probes[probes["step"] != -1]
+    assert metrics["delta_p_s_median"] == pytest.approx(denoising["delta_p_s"].median())
+    assert metrics["delta_p_s_mean"] == pytest.approx(denoising["delta_p_s"].mean())
 
 
 def test_content_is_scored_for_bf16_and_quantized_runs_and_missing_outside_the_grammar(tmp_path, weights):

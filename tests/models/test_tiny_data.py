@@ -24,7 +24,7 @@ from jensenkv.models.tiny.data import (
     sample_batch,
     train_specs,
 )
-from jensenkv.models.tiny.sampling import sample_block_causal, shifted_sigmas
+from jensenkv.models.tiny.sampling import sample_block_causal
 from jensenkv.models.tiny.text import TextConfig, WordTokenizer, build_text
 
 SMALL_TRANSFORMER = {
@@ -129,15 +129,6 @@ def test_text_encoder_maps_padding_to_zero_and_words_to_distinct_vectors():
     assert emb.shape == (2, 12, 16)
     assert torch.all(emb[1] == 0) and torch.all(emb[0, 9:] == 0)
     assert not torch.allclose(emb[0, 1], emb[0, 2])
-
-
-def test_shifted_sigmas_run_from_one_to_zero_and_shift_raises_noise():
-    s1, s3 = shifted_sigmas(10, 1.0), shifted_sigmas(10, 3.0)
-    assert s1[0] == 1 and s1[-1] == 0 and torch.all(s1[1:] < s1[:-1])
-    assert torch.allclose(s1, torch.linspace(1, 0, 11))
-    assert torch.all(s3[1:-1] > s1[1:-1])
-    with pytest.raises(ValueError, match="steps=0"):
-        shifted_sigmas(0, 1.0)
 
 
 def _small_model(seed: int = 0):

@@ -13,10 +13,8 @@ import torch
 from jensenkv.bench.data import synthetic_heads
 from jensenkv.bench.quant_configs import key_value_configs, theory_bits_per_element
 from jensenkv.bench.rows import BenchRow
-from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.cache import BF16_BYTES, CacheConfig, ChunkedKVCache
 from jensenkv.quant import make_quantizer
-
-BF16_BYTES = 2
 
 
 @dataclass(frozen=True)

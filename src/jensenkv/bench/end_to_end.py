@@ -9,25 +9,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from jensenkv.bench.rows import BenchRow, time_ratio_row, time_row
 from jensenkv.bench.timing import time_interleaved
 from jensenkv.generate import ChunkwiseModel, GenerationConfig, generate_video
-
-
-@dataclass(frozen=True)
-class EndToEndVariant:
-    """One row of the comparison: a cache quantizer config name and a correction."""
-
-    quant: str  # a name understood by jensenkv.bench.quant_configs ("bf16", "rtn-int2-g32", ...)
-    correction: str = "none"  # "none" | "taylor" | "exact"
-
-    @property
-    def name(self) -> str:
-        return self.quant if self.correction == "none" else f"{self.quant}+{self.correction}"
 
 
 def end_to_end_rows(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +45,7 @@ DESCRIPTIONS = {
     "`overall` = median over shapes. `exact` runs on the shapes up to 2^27 scores (H x Q x (K + Q)) only; "
     "`exact-fallback` times the exact bias's elementwise form (inputs with outlier channels) at a tiny shape.",
     "e2e_time": "Seconds per generated video (generate_video) of the built-in model per cache configuration; "
-    "`bf16` = the suite's full-precision reference cache (registry.full_precision_cache).",
+    "`bf16` = keys and values stored in bfloat16, unquantized.",
     "e2e_time_ratio": "End-to-end generation time over the BF16 (full-precision) cache's, interleaved.",
     "commit_quantize_share": "Share of the chunks' generation time spent quantizing on commit "
     "(generate_video timings: quantize_s / sum of per-chunk seconds; dequantization is not included).",
@@ -152,13 +151,8 @@ def run_suite(
     out_dir: Path,
     only: tuple[str, ...] = BENCHMARKS,
     gpu: bool = False,
-    e2e_adapters: Callable[[bool], tuple[dict, str, str, object, str]] | None = None,
 ) -> list[BenchRow]:
-    """Run the selected benchmarks, write ``bench.csv`` and ``bench.md`` into ``out_dir``, return the rows.
-
-    e2e_adapters(quick) -> (adapters by variant name, baseline name, prompt, GenerationConfig, shape label);
-    by default the built-in tiny model (jensenkv.bench.tiny_e2e).
-    """
+    """Run the selected benchmarks, write ``bench.csv`` and ``bench.md`` into ``out_dir``, return the rows."""
     for name in only:
         if name not in BENCHMARKS:
             raise ValueError(f"only contains {name!r}: allowed are {BENCHMARKS}")
@@ -182,14 +176,10 @@ def run_suite(
         from jensenkv.bench.tiny_e2e import tiny_adapters
         from jensenkv.bench.end_to_end import end_to_end_rows
 
-        adapters, baseline, prompt, generation, shape = (e2e_adapters or tiny_adapters)(plan.e2e_quick)
+        adapters, baseline, prompt, generation, shape = tiny_adapters(plan.e2e_quick)
         _log(f"end-to-end: {len(adapters)} variants x {plan.e2e_repeats} repeats ({shape})")
         rows += end_to_end_rows(adapters, baseline, plan.e2e_repeats, prompt, generation=generation,
                                 warmup=plan.warmup, shape=shape)
-        if "random-init" in shape:
-            notes.append("The tiny model's trained weights were missing, so the end-to-end rows time a randomly "
-                         "initialised model of the same architecture (same work per step; the exact bias's form "
-                         "may differ from the trained model's). Rerun after `make train-tiny`.")
     if gpu and "gpu" in only:
         from jensenkv.bench.gpu import gpu_overhead_rows, gpu_unavailable_reason
 

@@ -36,7 +36,8 @@ TINY_KEYS = ("weights_dir",)
 
 
 def full_precision_cache() -> CacheConfig:
-    """The BF16 reference cache: nothing quantized."""
+    """A cache that quantizes nothing and stores keys and values as computed (the model's dtype, float32 on
+    CPU); runs pick their reference storage dtype themselves (RunSpec.reference_cache_config)."""
     return CacheConfig(key=QuantConfig(method="none"), value=QuantConfig(method="none"))
 
 

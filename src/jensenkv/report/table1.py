@@ -29,8 +29,11 @@ QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi
 QUANTIZER_NAMES = {"bf16": "BF16", "rtn": "RTN", "kivi": "KIVI", "quarot+rtn": "QuaRot+RTN",
                    "quarot+kivi": "QuaRot+KIVI", "qvg": "QVG", "quarot+qvg": "QuaRot+QVG"}
 DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2}
+LATEX_ARROWS = {"psnr": r"$\uparrow$", "ssim": r"$\uparrow$", "lpips": r"$\downarrow$", "vbench": r"$\uparrow$",
+                "content": r"$\uparrow$"}  # which way is better
 HEADERS = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "content": "Content"}
 NO_REFERENCE = ("vbench", "content")  # scored on the video alone: BF16 rows show their own value
+REASON_SOURCE = {"delta_p_s": "attention"}  # the runner records why the attention metrics are missing
 SETTING = ("model", "quantizer", "bits", "group_size", "rotation", "correction")
 
 
@@ -60,12 +63,9 @@ def long_table(runs: pd.DataFrame) -> pd.DataFrame:
         if col not in table.columns:
             table[col] = None
     for metric in METRICS:
-        source = "delta_p_s_mean" if metric == "delta_p_s" else metric
         reason_col = f"{metric}_missing_reason"
-        given = runs[f"{source}_missing_reason"] if f"{source}_missing_reason" in runs.columns else None
-        if given is None and metric == "delta_p_s" and "attention_missing_reason" in runs.columns:
-            given = runs["attention_missing_reason"]
-        table[reason_col] = given if given is not None else None
+        given = f"{REASON_SOURCE.get(metric, metric)}_missing_reason"
+        table[reason_col] = runs[given] if given in runs.columns else None
         no_value = table[metric].isna()
         table.loc[no_value & table[reason_col].isna(), reason_col] = f"{metric} was not computed for this run"
         table.loc[~no_value, reason_col] = None
@@ -131,8 +131,8 @@ def _latex_escape(text: str) -> str:
 def to_latex(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
              r"\begin{tabular}{lll" + "c" * len(HEADERS) + "}", r"\toprule",
-             "Model & Quantizer & Bits & PSNR $\\uparrow$ & SSIM $\\uparrow$ & LPIPS $\\downarrow$ & VBench $\\uparrow$ "
-             "& Content $\\uparrow$ \\\\",
+             " & ".join(["Model", "Quantizer", "Bits"] + [f"{HEADERS[m]} {LATEX_ARROWS[m]}" for m in HEADERS])
+             + r" \\",
              r"\midrule"]
     for _, row in paper.iterrows():
         lines.append(" & ".join(_latex_escape(str(row[c])) for c in paper.columns) + r" \\")

@@ -10,18 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from jensenkv.generate import flow_sigmas
 from jensenkv.models.tiny.config import SamplerConfig
 from jensenkv.models.tiny.text import WordTokenizer
-
-
-def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
-    """(steps + 1,) noise levels from 1 to 0; shift > 1 spends more steps at high noise (Wan / SD3 shift)."""
-    if steps < 1:
-        raise ValueError(f"steps={steps} is not allowed: it must be >= 1")
-    if shift <= 0:
-        raise ValueError(f"shift={shift} is not allowed: it must be > 0")
-    s = torch.linspace(1.0, 0.0, steps + 1)
-    return shift * s / (1 + (shift - 1) * s)
 
 
 def predict_velocity(transformer: nn.Module, x: torch.Tensor, t_frames: torch.Tensor,
@@ -42,7 +33,7 @@ def sample_block_causal(transformer: nn.Module, text_encoder: nn.Module, tokeniz
     ids = torch.cat([cond_ids, torch.full_like(cond_ids, tokenizer.pad_id)]) if sampler.cfg_scale != 1 else cond_ids
     text = text_encoder(ids)  # (B or 2B, L, text_dim)
     n_branch = ids.shape[0] // b
-    sigmas = shifted_sigmas(sampler.steps, sampler.shift)
+    sigmas = flow_sigmas(sampler.steps, sampler.shift)  # the cached generator's schedule
     gen = torch.Generator().manual_seed(int(seed))
     done = torch.zeros(b, channels, 0, height, width)  # (B, C, F_done, H, W) clean frames in [-1, 1]
     for _ in range(sampler.num_chunks):
