@@ -103,9 +103,12 @@ def _snapshot_present(repo_id: str, cache_dir: Path) -> bool:
 
 
 def default_eval() -> dict:
-    from omegaconf import OmegaConf
+    """The eval node of the default run config (composed from the config tree, defaults included)."""
+    import dataclasses
 
-    return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "eval" / "default.yaml"), resolve=True)
+    from jensenkv.run import build_spec, compose_config
+
+    return dataclasses.asdict(build_spec(compose_config()).eval)
 
 
 def lpips_items(net: str) -> list[Item]:
@@ -150,7 +153,7 @@ def model_items(names: list[str] | None) -> list[Item]:
     for path in paths:
         if names and path.stem not in names:
             continue
-        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)["model"]
         if cfg.get("kind") != "diffusers":
             continue
         if not Path(str(cfg["path"])).expanduser().is_dir():

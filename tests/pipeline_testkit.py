@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-FAST = ("model.device=cpu", "model.steps=2", "model.num_chunks=2", "eval.num_prompts=1", "logger=disabled",
+FAST = ("model.device=cpu", "generation.steps=2", "generation.num_chunks=2", "eval.num_prompts=1", "logger=disabled",
         "eval.metrics=[psnr,ssim,lpips,vbench,attention,content]", "eval.vbench.dimensions=[temporal_flickering]")
 
 

@@ -51,18 +51,18 @@ def test_quant_options_build_the_named_quantizer(weights, quant, label, method):
     elif quant == "kivi":  # KIVI: per-channel keys, per-token values
         assert spec.key.granularity == "channel" and spec.value.granularity == "token_group"
     else:
-        assert spec.value == spec.key  # values quantized like keys by default (quant.values=same)
+        assert spec.value == spec.key  # values quantized like keys by default (cache.values=same)
 
 
 def test_values_none_keeps_values_full_precision(weights):
-    spec = _spec(weights, "quant.values=none")
+    spec = _spec(weights, "cache.values=none")
     assert spec.key.method == "rtn" and spec.value.method == "none"
     assert spec.value.store_dtype == "bfloat16"  # the cache's full-precision dtype
 
 
 @pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
 def test_correction_options(weights, correction):
-    spec = _spec(weights, f"correction={correction}", "correction.strength=0.5")
+    spec = _spec(weights, f"correction={correction}", "attention.strength=0.5")
     assert spec.correction == correction and spec.strength == 0.5
 
 
@@ -81,7 +81,7 @@ def test_run_id_ignores_bookkeeping_and_tracks_settings(weights):
     for overrides in same:
         assert _spec(weights, *overrides).run_id == base, overrides
     different = [("quant.bits=4",), ("quant.group_size=64",), ("correction=taylor",), ("eval.num_prompts=3",),
-                 ("cache.sink_chunks=1",), ("quant.values=none",), ("model.steps=3",), ("eval.seeds=[1]",)]
+                 ("cache.sink_chunks=1",), ("cache.values=none",), ("generation.steps=3",), ("eval.seeds=[1]",)]
     ids = {_spec(weights, *o).run_id for o in different}
     assert base not in ids and len(ids) == len(different)
 
@@ -178,5 +178,9 @@ def test_every_experiment_composes_into_valid_runs(weights, experiment, monkeypa
     cfg = _compose(f"experiment={experiment}", hydra_cfg=True)
     assert cfg.experiment_name == experiment and cfg.hydra.sweeper.params
     override = f"experiment={experiment}"
-    spec = _spec(weights, override) if cfg.model.kind == "tiny" else build_spec(_compose(override))  # no weights: ok
+    if cfg.model.kind != "tiny":  # real weights are checked before any job starts: absent here
+        with pytest.raises(FileNotFoundError, match="make fetch-weights"):
+            build_spec(_compose(override))
+        return
+    spec = _spec(weights, override)
     assert spec.experiment_name == experiment and len(spec.prompts) == cfg.eval.num_prompts

@@ -105,7 +105,7 @@ def test_metrics_equal_a_direct_recomputation(tmp_path, weights):
     def u8(video):
         return (video.clamp(0, 1) * 255).round().to(torch.uint8)
 
-    adapter = build_adapter(spec.model, cache=spec.reference_cache_config())
+    adapter = build_adapter(spec.model, cache=spec.reference_cache_config(), generation=spec.generation)
     ref = u8(generate_video(adapter, prompt["prompt"], prompt["seed"]).video)
     assert torch.equal(ref, stored_ref)
     adapter.configure(cache=spec.cache_config(keep_reference=False),
@@ -197,16 +197,16 @@ def test_offline_wandb_gets_config_metrics_video_and_attention_plot(tmp_path, we
     (["quant.group_size=33"], "quant.group_size", "33"),
     (["quant.bits=5"], "quant.bits", "5"),
     (["quant.rotation=foo"], "quant.rotation", "'foo'"),
-    (["correction.method=bar"], "correction.method", "'bar'"),
-    (["correction.strength=-1"], "correction.strength", "-1"),
+    (["attention.correction=bar"], "attention.correction", "'bar'"),
+    (["attention.strength=-1"], "attention.strength", "-1"),
     (["quant=qvg", "quant.qvg_centroids=256"], "quant.qvg_centroids", "256"),
     (["quant=kivi", "quant.group_size=512"], "quant.group_size", "512"),
-    (["quant.values=half"], "quant.values", "'half'"),
+    (["cache.values=half"], "cache.values", "'half'"),
     (["cache.sink_chunks=-1"], "cache.sink_chunks", "-1"),
     (["eval.num_prompts=99"], "eval.num_prompts", "99"),
     (["eval.metrics=[psnr,fvd]"], "eval.metrics", "fvd"),
     (["eval.vbench.dimensions=[sharpness]"], "eval.vbench.dimensions", "sharpness"),
-    (["model.steps=0"], "model.steps", "0"),
+    (["generation.steps=0"], "generation.steps", "0"),
     (["logger.mode=cloud"], "logger.mode", "'cloud'"),
 ])
 def test_bad_values_name_key_value_and_allowed(weights, monkeypatch, overrides, key, value):
@@ -300,12 +300,14 @@ def test_module_exposes_the_hydra_entry_point():
 
 def test_weights_digest_changes_when_the_tiny_weights_change(tmp_path):
     """Retrained built-in weights must not reuse runs made with the old ones."""
+    from jensenkv.config import ModelConfig
     from jensenkv.run.spec import weights_digest
 
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"old weights")
-    model = {"kind": "tiny", "weights_dir": str(tmp_path)}
+    model = ModelConfig(kind="tiny", weights_dir=str(tmp_path))
     before = weights_digest(model)
     weights.write_bytes(b"new weights, retrained")
     assert before is not None and weights_digest(model) != before
-    assert weights_digest({"kind": "diffusers", "path": "x"}) is None
+    assert weights_digest(ModelConfig(kind="diffusers", transformer_class="WanTransformer3DModel", path="x",
+                                      height=32, width=32)) is None

@@ -25,73 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-SAMPLERS = ("euler", "x0_renoise")
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """How one video is sampled chunk by chunk.
-
-    kv_range: optional per-denoising-stage limit on the number of preceding chunks a chunk may attend to:
-        the most recent ones, earlier in-flight chunks first (window_size > 1), then the ones the cache shows;
-        ``None`` entries mean no limit. The steps are split into ``len(kv_range)`` equal stages, e.g.
-        MAGI-1's noise2clean_kvrange=[5, 4, 3, 2] (which counts the chunk itself) is ``kv_range=(4, 3, 2, 1)``.
-    commit_kv_range: the same limit (cached chunks) for the clean commit pass.
-    window_size: chunks denoised concurrently in MAGI-1's pipelined staircase (1: one chunk at a time).
-        It must divide ``steps``; chunk i is ``steps // window_size`` steps ahead of chunk i + 1.
-    sampler: "euler" (x <- x + (t_next - t) v) or "x0_renoise" (predict x0, re-noise to t_next with
-        fresh noise; the few-step consistency / DMD sampler of Self-Forcing).
-    """
-
-    num_chunks: int = 4
-    frames_per_chunk: int = 2
-    steps: int = 10
-    shift: float = 2.0
-    guidance_scale: float = 1.0
-    sampler: str = "euler"
-    kv_range: tuple[int | None, ...] | None = None
-    commit_kv_range: int | None = None
-    negative_prompt: str = ""
-    window_size: int = 1
-
-    def validate(self) -> None:
-        for key in ("num_chunks", "frames_per_chunk", "steps", "window_size"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{key}={value!r} is not allowed: it must be an integer >= 1")
-        if self.steps % self.window_size:
-            raise ValueError(f"window_size={self.window_size!r} is not allowed: it must divide steps={self.steps} "
-                             "(each in-flight chunk is steps // window_size steps ahead of the next)")
-        if not self.shift > 0:
-            raise ValueError(f"shift={self.shift!r} is not allowed: it must be > 0")
-        if not self.guidance_scale >= 0:
-            raise ValueError(f"guidance_scale={self.guidance_scale!r} is not allowed: it must be >= 0")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler={self.sampler!r} is not allowed: use one of {SAMPLERS}")
-        if self.kv_range is not None:
-            if not 1 <= len(self.kv_range) <= self.steps:
-                raise ValueError(f"kv_range={self.kv_range!r} is not allowed: it needs 1..steps={self.steps} "
-                                 "entries (one per denoising stage)")
-            for r in self.kv_range:
-                check_kv_range(r, "kv_range")
-        check_kv_range(self.commit_kv_range, "commit_kv_range")
-
-    @property
-    def use_cfg(self) -> bool:
-        return self.guidance_scale != 1.0
-
-    def kv_range_at(self, step: int) -> int | None:
-        """The kv-range of denoising step ``step`` (0-based): stage = step * stages // steps."""
-        if self.kv_range is None:
-            return None
-        return self.kv_range[step * len(self.kv_range) // self.steps]
-
-
-def check_kv_range(value: int | None, key: str = "kv_range") -> None:
-    """A kv-range is None (no limit) or an integer >= 0 (number of visible cached chunks)."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise ValueError(f"{key}={value!r} is not allowed: use null or an integer >= 0 (visible cached chunks)")
-
+from jensenkv.config import SAMPLERS, GenerationConfig, check_kv_range  # noqa: F401 - re-exported: the tree defines them
 
 def flow_sigmas(steps: int, shift: float) -> torch.Tensor:
     """(steps + 1,) noise levels from 1 to 0 on the shifted schedule shift*s / (1 + (shift-1)*s) (Wan/SD3)."""

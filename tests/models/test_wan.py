@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from jensenkv.cache import CacheConfig
 from jensenkv.generate import GenerationConfig, generate_video
 from jensenkv.models import build_adapter
-from jensenkv.models.registry import full_precision_cache, generation_config
+from jensenkv.models.registry import full_precision_cache
 from jensenkv.models.wan import (
     AttentionSettings,
     CachedSelfAttnProcessor,
@@ -274,7 +274,7 @@ def _no_network(monkeypatch):
 def test_missing_hub_weights_give_a_clear_error_without_network(tmp_path, monkeypatch):
     """(e) A Hub id absent from the (empty) cache: MissingWeightsError naming the id, the cache and the fix."""
     _no_network(monkeypatch)
-    cfg = {"kind": "diffusers", "class": "SkyReelsV2Transformer3DModel", "height": 544, "width": 960,
+    cfg = {"kind": "diffusers", "transformer_class": "SkyReelsV2Transformer3DModel", "height": 544, "width": 960,
            "path": "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers", "cache_dir": str(tmp_path)}
     with pytest.raises(MissingWeightsError) as err:
         build_adapter(cfg)
@@ -286,7 +286,7 @@ def test_missing_hub_weights_give_a_clear_error_without_network(tmp_path, monkey
 def test_missing_local_folder_and_subfolder_errors(tmp_path, monkeypatch):
     _no_network(monkeypatch)
     missing = tmp_path / "nope"
-    cfg = {"kind": "diffusers", "class": "WanTransformer3DModel", "height": 480, "width": 832, "path": str(missing)}
+    cfg = {"kind": "diffusers", "transformer_class": "WanTransformer3DModel", "height": 480, "width": 832, "path": str(missing)}
     with pytest.raises(MissingWeightsError, match="nope.*make fetch-weights"):
         build_adapter(cfg)
     (tmp_path / "model").mkdir()
@@ -297,14 +297,12 @@ def test_missing_local_folder_and_subfolder_errors(tmp_path, monkeypatch):
 
 
 def test_model_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="kind='magi'"):
-        build_adapter({"kind": "magi"})
+    with pytest.raises(ValueError, match="model.kind='nope'"):
+        build_adapter({"kind": "nope"})
     with pytest.raises(ValueError, match="stepz"):
-        build_adapter({"kind": "diffusers", "class": "WanTransformer3DModel", "path": "x/y", "stepz": 3})
-    with pytest.raises(ValueError, match="model.height is missing"):
-        build_adapter({"kind": "diffusers", "class": "WanTransformer3DModel", "path": "x/y"})
-    gen = generation_config({"steps": 8, "kv_range": [2, None]}, {"steps": 4, "shift": 3.0})
-    assert (gen.steps, gen.shift, gen.kv_range) == (8, 3.0, (2, None))
+        build_adapter({"kind": "diffusers", "transformer_class": "WanTransformer3DModel", "path": "x/y", "stepz": 3})
+    with pytest.raises(ValueError, match="model.height=None"):
+        build_adapter({"kind": "diffusers", "transformer_class": "WanTransformer3DModel", "path": "x/y"})
 
 
 def _to_original_wan_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -351,30 +349,32 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
 
 def _model_config(name: str, *overrides: str) -> dict:
     cfg = OmegaConf.merge(OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), OmegaConf.from_dotlist(list(overrides)))
-    return OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_container(cfg, resolve=True)  # {"model": ..., "generation": ...}
 
 
 @pytest.mark.parametrize("name", ["skyreels_v2_df_1_3b", "self_forcing_wan_1_3b"])
 def test_real_model_configs_are_valid_and_fail_cleanly_without_weights(name, tmp_path, monkeypatch):
     _no_network(monkeypatch)
-    cfg = _model_config(name, f"cache_dir={tmp_path}", "num_chunks=2")
-    assert cfg["num_chunks"] == 2 and generation_config(cfg).num_chunks == 2  # plain keys, Hydra-overridable
+    cfg = _model_config(name, f"model.cache_dir={tmp_path}", "generation.num_chunks=2")
+    generation = GenerationConfig(**cfg["generation"])
+    assert generation.num_chunks == 2
     with pytest.raises(MissingWeightsError, match="make fetch-weights"):
-        build_adapter(cfg)
+        build_adapter(cfg["model"], generation=generation)
 
 
-def test_tiny_config_builds_from_stored_defaults(tmp_path):
+def test_tiny_config_builds_from_the_config_tree(tmp_path):
+    from jensenkv.run import build_spec, compose_config
+
     write_random_tiny_weights(tmp_path / "weights", steps=2, num_chunks=2)
-    adapter = build_adapter(_model_config("tiny", f"weights_dir={tmp_path / 'weights'}", "device=cpu"))
-    assert (adapter.generation.steps, adapter.generation.num_chunks) == (2, 2)  # from config.json
+    spec = build_spec(compose_config([f"model.weights_dir={tmp_path / 'weights'}", "model.device=cpu",
+                                      "generation.steps=2", "generation.num_chunks=2", "generation.kv_range=[1,0]"]))
+    adapter = build_adapter(spec.model, generation=spec.generation)
+    assert (adapter.generation.steps, adapter.generation.num_chunks, adapter.generation.kv_range) == (2, 2, [1, 0])
     assert adapter.latent_frame_shape == (3, 16, 16) and adapter.clean_range == (-1.0, 1.0)
     result = generate_video(adapter, "a red square", seed=0)
     assert result.video.shape == (4, 3, 16, 16)
-    overridden = build_adapter(_model_config("tiny", f"weights_dir={tmp_path / 'weights'}", "steps=3",
-                                             "kv_range=[1,0]"))
-    assert overridden.generation.steps == 3 and overridden.generation.kv_range == (1, 0)
     with pytest.raises(FileNotFoundError, match="make train-tiny"):
-        build_adapter(_model_config("tiny", f"weights_dir={tmp_path / 'empty'}"))
+        build_adapter({"kind": "tiny", "weights_dir": str(tmp_path / "empty")})
 
 
 def _save_tiny_diffusers_folder(folder: Path, class_name: str) -> None:
@@ -404,10 +404,11 @@ def _save_tiny_diffusers_folder(folder: Path, class_name: str) -> None:
 def test_diffusers_folder_loads_offline_and_generates(class_name, tmp_path, monkeypatch):
     _save_tiny_diffusers_folder(tmp_path / "model", class_name)
     _no_network(monkeypatch)
-    cfg = _model_config("skyreels_v2_df_1_3b", f"class={class_name}", f"path={tmp_path / 'model'}", "height=32",
-                        "width=32", "dtype=float32", "device=cpu", "max_sequence_length=8", "num_chunks=2",
-                        "frames_per_chunk=2", "steps=2", "guidance_scale=2.0")
-    adapter = build_adapter(cfg, cache=int2_cache())
+    cfg = _model_config("skyreels_v2_df_1_3b", f"model.transformer_class={class_name}", f"model.path={tmp_path / 'model'}",
+                        "model.height=32", "model.width=32", "model.dtype=float32", "model.device=cpu",
+                        "model.max_sequence_length=8", "generation.num_chunks=2", "generation.frames_per_chunk=2",
+                        "generation.steps=2", "generation.guidance_scale=2.0")
+    adapter = build_adapter(cfg["model"], cache=int2_cache(), generation=GenerationConfig(**cfg["generation"]))
     assert type(adapter.transformer).__name__ == class_name and adapter.latent_frame_shape == (16, 4, 4)
     result = generate_video(adapter, "a red square moving left", seed=1)
     assert result.latents.shape == (1, 16, 4, 4, 4)

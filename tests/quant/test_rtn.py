@@ -82,7 +82,7 @@ def test_int8_zero_does_not_widen_groups_away_from_zero():
 def test_nbytes_hand_count_int2_g32():
     x = torch.randn(1, 1, 64, 128)
     t = make_quantizer(QuantConfig(bits=2, group_size=32), 128).quantize(x)
-    assert t.step.dtype == torch.float16 and t.zero.dtype == torch.int8
+    assert t.step.dtype == torch.float16 and t.zero.dtype == torch.uint8
     assert t.packed.dtype == torch.uint8
     assert t.nbytes == 64 * 128 // 4 + 64 * 4 * (2 + 1)
 

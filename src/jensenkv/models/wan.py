@@ -29,13 +29,13 @@ from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
+from jensenkv.config import AttentionConfig as AttentionSettings  # the tree's attention node
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
 from jensenkv.generate import GenerationConfig, check_kv_range
 
 PROCESSOR_MODES = ("cached", "commit", "full")
 ATTENTION_BACKENDS = {"cached": "cached_attention", "reference": "reference_attention",
                       "flex": "flex_cached_attention"}
-CORRECTIONS = ("none", "taylor", "exact")
 BRANCHES = ("cond", "uncond")
 ROPE_HOOK_NAME = "jensenkv_rope_frame_offset"
 TRANSFORMER_CLASSES = {"SkyReelsV2Transformer3DModel": SkyReelsV2Transformer3DModel,
@@ -44,32 +44,6 @@ TRANSFORMER_CLASSES = {"SkyReelsV2Transformer3DModel": SkyReelsV2Transformer3DMo
 
 class MissingWeightsError(FileNotFoundError):
     """Model weights are not on this machine (the suite never downloads them at run time)."""
-
-
-@dataclass(frozen=True)
-class AttentionSettings:
-    """How the cached self-attention is computed.
-
-    backend: "cached" (fast CPU path), "reference" (the readable oracle) or "flex" (GPU FlexAttention).
-    correction: Jensen-bias correction of the cached scores, "none" | "taylor" | "exact"; strength scales it.
-    probes: record ``attention_probes`` per layer and denoising step (small dicts, no maps);
-        probe_layers restricts them to some layer indices.
-    """
-
-    backend: str = "cached"
-    correction: str = "none"
-    strength: float = 1.0
-    probes: bool = False
-    probe_layers: tuple[int, ...] | None = None
-
-    def validate(self) -> None:
-        if self.backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend={self.backend!r} is not allowed: "
-                             f"use one of {tuple(ATTENTION_BACKENDS)}")
-        if self.correction not in CORRECTIONS:
-            raise ValueError(f"correction={self.correction!r} is not allowed: use one of {CORRECTIONS}")
-        if not self.strength >= 0:
-            raise ValueError(f"strength={self.strength!r} is not allowed: it must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """QuantConfig: what one quantizer does (method, bits, grouping, rotation, storage dtypes).
 
-Plain frozen dataclass so Hydra can build it with `_target_` or `QuantConfig.from_dict(cfg)`.
+A node of the typed config tree (jensenkv.config.RunConfig.quant): Hydra composes it from its defaults plus a
+preset (configs/quant/*.yaml) and builds it; `QuantConfig.from_dict(cfg)` also works. Treat it as a value:
+derive variants with dataclasses.replace.
 Every field is checked by `validate`, which raises ValueError naming the key, the value and what
 is allowed; construction already runs the head-dim-free checks, `validate(head_dim)` adds the ones
 that need the head dim (group divisibility, power-of-two Hadamard).
@@ -29,7 +31,7 @@ def _fail(key: str, value: Any, allowed: str) -> None:
     raise ValueError(f"quant.{key}={value!r} is not allowed: {allowed}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class QuantConfig:
     """One quantizer's settings (see docs/ARCHITECTURE.md).
 
@@ -47,7 +49,7 @@ class QuantConfig:
     rotation: str = "none"
     rotation_seed: int = 0
     scale_dtype: str = "float16"
-    zero_dtype: str = "int8"
+    zero_dtype: str = "uint8"
     qvg_centroids: int = 256
     qvg_stages: int = 1
     qvg_iters: int = 10
@@ -72,7 +74,7 @@ class QuantConfig:
         """Raise ValueError naming the first bad key, its value and what is allowed."""
         if self.method not in METHODS:
             _fail("method", self.method, f"must be one of {METHODS}")
-        if isinstance(self.bits, bool) or self.bits not in BITS:
+        if type(self.bits) is not int or self.bits not in BITS:  # 2.0 == 2, but is not an integer width
             _fail("bits", self.bits, f"must be one of {BITS}")
         if self.granularity not in GRANULARITIES:
             _fail("granularity", self.granularity, f"must be one of {GRANULARITIES}")

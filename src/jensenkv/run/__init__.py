@@ -32,7 +32,7 @@ from jensenkv.run.cli import (
     task,
 )
 from jensenkv.run.runner import Runner, save_mp4
-from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, canonical_quant_configs, model_geometry
+from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, model_geometry
 
 __all__ = [
     "CONFIG_DIR",
@@ -40,7 +40,6 @@ __all__ = [
     "RunSpec",
     "Runner",
     "build_spec",
-    "canonical_quant_configs",
     "check_group_overrides",
     "compose_config",
     "group_options",

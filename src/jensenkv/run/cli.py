@@ -61,6 +61,11 @@ def _one_line(error: Exception) -> str:
     text = str(error).split("Config search path:")[0]
     line = " ".join(part.strip() for part in text.splitlines() if part.strip())
     unknown = re.match(r"Could not override '([\w.]+)'", line)
+    cause = error.__cause__
+    if not unknown and cause is not None and "full_key:" in str(cause):  # a typed field refused the value
+        from jensenkv.run.spec import _one_line as field_error
+
+        return f"{line}: {field_error(cause)}"
     if unknown:
         key = unknown.group(1)
         parent, _, name = key.rpartition(".")
@@ -69,7 +74,9 @@ def _one_line(error: Exception) -> str:
 
             root = compose_config()
             node = OmegaConf.select(root, parent) if parent else root
-            allowed = sorted(node.keys())
+            if node is None:  # the parent itself is not a node: list the top-level keys
+                parent, node = "", root
+            allowed = sorted(k for k in node.keys() if k != "hydra")
         except Exception:  # noqa: BLE001 - the hint is a courtesy; the error stands without it
             return line
         return (f"{key} is not allowed: {parent or 'the config'} has no key {name!r}; allowed keys: {allowed} "

@@ -2,6 +2,7 @@
 record (written last, atomically) and W&B. Resumable per prompt; a finished run is a no-op."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -61,7 +62,8 @@ class Runner:
         if self._adapter is None:
             from jensenkv.models import build_adapter
 
-            self._adapter = build_adapter(self.spec.model, cache=self.spec.reference_cache_config())
+            self._adapter = build_adapter(self.spec.model, cache=self.spec.reference_cache_config(),
+                                          generation=self.spec.generation)
         return self._adapter
 
     def reference(self, prompt: str, seed: int) -> tuple[str, Any]:
@@ -69,7 +71,7 @@ class Runner:
         import torch
 
         from jensenkv.generate import generate_video
-        from jensenkv.models.wan import AttentionSettings
+        from jensenkv.config import AttentionConfig
         from jensenkv.tracking import atomic_write, config_hash
 
         ref_id = config_hash(self.spec.reference_identity(prompt, seed))
@@ -77,7 +79,7 @@ class Runner:
         if not path.exists():
             with self.store.ref_lock(ref_id):  # a parallel job making the same reference: wait, then reuse it
                 if not path.exists():
-                    self.adapter.configure(cache=self.spec.reference_cache_config(), attention=AttentionSettings())
+                    self.adapter.configure(cache=self.spec.reference_cache_config(), attention=AttentionConfig(backend=self.spec.attention.backend))
                     result = generate_video(self.adapter, prompt, seed)
                     payload = {"video": _to_uint8(result.video), "timings": result.timings,
                                "identity": json.dumps(self.spec.reference_identity(prompt, seed), sort_keys=True,
@@ -89,12 +91,8 @@ class Runner:
     def generate(self, prompt: str, seed: int) -> tuple[Any, list[dict] | None, dict, dict]:
         """(uint8 video, probes, timings, cache stats) of the quantized run."""
         from jensenkv.generate import generate_video
-        from jensenkv.models.wan import AttentionSettings
-
-        probes = "attention" in self.spec.metrics
-        self.adapter.configure(cache=self.spec.cache_config(keep_reference=probes),
-                               attention=AttentionSettings(correction=self.spec.correction,
-                                                           strength=self.spec.strength, probes=probes))
+        attention = self.spec.attention  # probes on iff eval.metrics has "attention"
+        self.adapter.configure(cache=self.spec.cache_config(keep_reference=attention.probes), attention=attention)
         result = generate_video(self.adapter, prompt, seed)
         caches = self.adapter.caches("cond")
         stats = {"cache_bytes": sum(c.nbytes for c in caches), "cache_bf16_bytes": sum(c.bf16_nbytes for c in caches)}
@@ -104,14 +102,14 @@ class Runner:
         from jensenkv.eval.fidelity import LpipsScorer
 
         if self._lpips is None:
-            self._lpips = LpipsScorer(self.spec.lpips_net, device=self.spec.model.get("device") or "cpu")
+            self._lpips = LpipsScorer(self.spec.lpips_net, device=self.spec.model.device)
         return self._lpips
 
     def score_content(self, prompt: str, video: Any, metrics: dict, missing: dict) -> None:
         """Prompt-content recovery (colour and direction); BF16 runs get it too: it needs no reference."""
         from jensenkv.eval.content import content_match
 
-        if self.spec.model.get("kind") != "tiny":
+        if self.spec.model.kind != "tiny":
             missing["content"] = "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"
             return
         try:
@@ -235,7 +233,7 @@ class Runner:
         used: list[str] = []
         if "vbench" in spec.metrics:
             videos = {str(self.run_dir / "videos" / r["video"]): r["prompt"] for r in results}
-            vb = evaluate_vbench(videos, spec.vbench_dimensions, spec.vbench_device or spec.model.get("device")
+            vb = evaluate_vbench(videos, spec.vbench_dimensions, spec.vbench_device or spec.model.device
                                  or "cpu")
             for dim, score in vb.scores.items():
                 metrics[f"vbench_{dim}"] = score
@@ -298,7 +296,7 @@ class Runner:
         if labels["method"] != "none":
             name += f"-int{labels['bits']}-g{labels['group_size']}-{labels['correction']}"
         try:
-            wb = WandbRun(self.spec.logger, self.run_id, name, self.spec.experiment_name,
+            wb = WandbRun(dataclasses.asdict(self.spec.logger), self.run_id, name, self.spec.experiment_name,
                           {**record["identity"], **labels, "run_id": self.run_id})
         except Exception as e:  # noqa: BLE001
             log.warning("W&B logging skipped (%s: %s); the local record is written", type(e).__name__, e)

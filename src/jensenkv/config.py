@@ -1,0 +1,523 @@
+"""The typed config tree: one dataclass per concern, the single source of truth for every setting.
+
+    RunConfig
+      model: ModelConfig            which network, where its weights are, device and dtype
+      generation: GenerationConfig  how a video is sampled chunk by chunk (staircase, kv ranges, CFG)
+      quant: QuantConfig            the key quantizer preset (jensenkv.quant.QuantConfig)
+      cache: CacheSettings          values same|none, sink chunks, window, full-precision dtype
+      attention: AttentionConfig    backend, correction, strength, probe layers
+      eval: EvalConfig              prompts, seeds, metrics, LPIPS, VBench
+      logger: LoggerConfig          W&B
+      paths: PathsConfig, threads, experiment_name
+
+Hydra composes ``configs/`` on top of these schemas (``register_configs`` puts ``RunConfig`` in Hydra's
+ConfigStore as ``run_schema``, which ``configs/config.yaml`` lists first), so every field exists with its
+default, is type-checked and can be overridden from the command line (``generation.kv_range=[4,3,2,1]``,
+``attention.backend=reference``). ``OmegaConf.to_object`` then builds the dataclasses, and each node
+validates itself in ``__post_init__``: a ValueError naming the key, the value and what is allowed.
+A preset file (``configs/quant/rtn.yaml``) only states how it differs from these defaults.
+
+The run's identity (what its id hashes) is ``RunConfig.identity``. Settings a method ignores are reset
+when the tree is built (QVG fields of an RTN run, every quantizer field of a BF16 run, the correction of a
+run with nothing quantized), so equal runs get equal ids.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from jensenkv.quant.config import FLOAT_DTYPES, QuantConfig
+
+CORRECTIONS = ("none", "taylor", "exact")
+ATTENTION_BACKENDS = ("cached", "reference", "flex")  # implementations: jensenkv.models.wan.ATTENTION_BACKENDS
+SAMPLERS = ("euler", "x0_renoise")
+MODEL_KINDS = ("tiny", "diffusers")
+MODEL_DTYPES = tuple(FLOAT_DTYPES)
+VALUES_MODES = ("same", "none")
+METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content")
+LPIPS_NETS = ("alex", "vgg", "squeeze")
+WANDB_MODES = ("offline", "online", "disabled")
+# Model fields that only some kinds read; a kind that does not read a field refuses a value for it.
+DIFFUSERS_FIELDS = ("transformer_class", "path", "cache_dir", "height", "width", "max_sequence_length",
+                    "transformer_subfolder", "transformer_checkpoint", "checkpoint_key", "fps", "vae_dtype")
+TINY_FIELDS = ("weights_dir",)
+
+
+def fail(key: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(key: str, value: Any, low: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not is_int(value) or value < low:
+        fail(key, value, f"must be {'null or ' if optional else ''}an integer >= {low}")
+
+
+def check_choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        fail(key, value, f"use one of {allowed}")
+
+
+def check_finite(key: str, value: Any, low: float, *, strict: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > low if strict else value >= low)
+    if not ok:
+        fail(key, value, f"must be a finite number {'>' if strict else '>='} {low}")
+
+
+def check_kv_range(value: Any, key: str = "generation.kv_range") -> None:
+    """A kv-range is null (no limit) or an integer >= 0 (number of visible cached chunks)."""
+    check_int(key, value, 0, optional=True)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass
+class ModelConfig:
+    """Which network runs and where its weights are (configs/model/*.yaml).
+
+    kind "tiny": the built-in model (weights_dir: its folder; null: the packaged weights).
+    kind "diffusers": a SkyReels-V2 / Wan checkpoint in diffusers layout at ``path`` (a local folder or a Hub
+    id already in the Hugging Face cache; never downloaded at run time); ``transformer_checkpoint``
+    optionally replaces the transformer weights with an original-format Wan state dict.
+    """
+
+    kind: str = "tiny"
+    name: str = "tiny"
+    device: str = "auto"               # auto (cuda if available, else cpu) | cpu | cuda | cuda:<n>
+    dtype: str = "float32"             # transformer and text encoder
+    weights_dir: Optional[str] = None
+    transformer_class: Optional[str] = None  # SkyReelsV2Transformer3DModel | WanTransformer3DModel
+    path: Optional[str] = None
+    cache_dir: Optional[str] = None
+    height: Optional[int] = None
+    width: Optional[int] = None
+    max_sequence_length: Optional[int] = None
+    transformer_subfolder: Optional[str] = None
+    transformer_checkpoint: Optional[str] = None
+    checkpoint_key: Optional[str] = None
+    fps: Optional[int] = None          # only read by checkpoints with inject_sample_info
+    vae_dtype: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_choice("model.kind", self.kind, MODEL_KINDS)
+        if not isinstance(self.name, str) or not self.name:
+            fail("model.name", self.name, "must be a non-empty string")
+        check_choice("model.dtype", self.dtype, MODEL_DTYPES)
+        if self.vae_dtype is not None:
+            check_choice("model.vae_dtype", self.vae_dtype, MODEL_DTYPES)
+        self.device = resolve_device(self.device)
+        unused = DIFFUSERS_FIELDS if self.kind == "tiny" else TINY_FIELDS
+        for key in unused:
+            if getattr(self, key) is not None:
+                fail(f"model.{key}", getattr(self, key), f"kind={self.kind} does not read it; leave it null")
+        if self.kind == "diffusers":
+            for key in ("transformer_class", "path", "height", "width"):
+                if getattr(self, key) is None:
+                    fail(f"model.{key}", None, "kind=diffusers needs transformer_class, path, height and width")
+            for key in ("height", "width"):
+                check_int(f"model.{key}", getattr(self, key), 8)
+        check_int("model.max_sequence_length", self.max_sequence_length, 1, optional=True)
+        check_int("model.fps", self.fps, 1, optional=True)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resolve_device(device: Any) -> str:
+    """"auto" -> "cuda" when a GPU is visible, else "cpu"; "cuda[:n]" needs a visible GPU."""
+    import re
+
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        fail("model.device", device, "use auto, cpu, cuda or cuda:<n>")
+    if device.startswith("cuda") and not cuda_available():
+        fail("model.device", device, "no CUDA device is visible on this machine; use auto or cpu")
+    return device
+
+
+@dataclass
+class GenerationConfig:
+    """How one video is sampled chunk by chunk (model presets in configs/model/ set their own).
+
+    kv_range: optional per-denoising-stage limit on the number of preceding chunks a chunk may attend to:
+        the most recent ones, earlier in-flight chunks first (window_size > 1), then the ones the cache shows;
+        ``None`` entries mean no limit. The steps are split into ``len(kv_range)`` equal stages, e.g.
+        MAGI-1's noise2clean_kvrange=[5, 4, 3, 2] (which counts the chunk itself) is ``kv_range=[4, 3, 2, 1]``.
+        A limit larger than the chunks that exist shows all of them.
+    commit_kv_range: the same limit (cached chunks) for the clean commit pass.
+    window_size: chunks denoised concurrently in MAGI-1's pipelined staircase (1: one chunk at a time).
+        It must divide ``steps``; chunk i is ``steps // window_size`` steps ahead of chunk i + 1.
+    sampler: "euler" (x <- x + (t_next - t) v) or "x0_renoise" (predict x0, re-noise to t_next with
+        fresh noise; the few-step consistency / DMD sampler of Self-Forcing).
+    guidance_scale: classifier-free guidance; 1.0 disables it (and the "uncond" caches).
+    """
+
+    num_chunks: int = 4
+    frames_per_chunk: int = 2
+    steps: int = 10
+    shift: float = 2.0
+    guidance_scale: float = 1.0
+    sampler: str = "euler"
+    kv_range: Optional[list[Optional[int]]] = None
+    commit_kv_range: Optional[int] = None
+    negative_prompt: str = ""
+    window_size: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("num_chunks", "frames_per_chunk", "steps", "window_size"):
+            check_int(f"generation.{key}", getattr(self, key), 1)
+        if self.steps % self.window_size:
+            fail("generation.window_size", self.window_size, f"it must divide generation.steps={self.steps} "
+                 "(each in-flight chunk is steps // window_size steps ahead of the next)")
+        check_finite("generation.shift", self.shift, 0, strict=True)
+        check_finite("generation.guidance_scale", self.guidance_scale, 0)
+        check_choice("generation.sampler", self.sampler, SAMPLERS)
+        if self.kv_range is not None:
+            if isinstance(self.kv_range, (str, bytes)) or not 1 <= len(self.kv_range) <= self.steps:
+                fail("generation.kv_range", self.kv_range,
+                     f"use null or a list of 1..steps={self.steps} entries (one per denoising stage)")
+            self.kv_range = list(self.kv_range)
+            for r in self.kv_range:
+                check_kv_range(r)
+        check_kv_range(self.commit_kv_range, "generation.commit_kv_range")
+        if not isinstance(self.negative_prompt, str):
+            fail("generation.negative_prompt", self.negative_prompt, "must be a string")
+
+    def validate(self) -> None:
+        """Re-check after a field was changed in place (construction already checks)."""
+        self.__post_init__()
+
+    @property
+    def use_cfg(self) -> bool:
+        return self.guidance_scale != 1.0
+
+    def kv_range_at(self, step: int) -> int | None:
+        """The kv-range of denoising step ``step`` (0-based): stage = step * stages // steps."""
+        if self.kv_range is None:
+            return None
+        return self.kv_range[step * len(self.kv_range) // self.steps]
+
+
+@dataclass
+class CacheSettings:
+    """How a layer's cache stores the chunks (the quantizer itself is ``RunConfig.quant``).
+
+    values: "same" quantizes values like keys (KIVI "channel" keys: values per token, in groups of
+        group_size channels, as KIVI does); "none" keeps values full precision (isolates the key error).
+    full_precision_dtype: what everything unquantized is stored in: the BF16 reference cache, sink chunks,
+        values=none. "BF16" everywhere in the suite means this cache.
+    """
+
+    values: str = "same"
+    sink_chunks: int = 0               # first n chunks stay full precision and always visible
+    window_chunks: Optional[int] = None  # only the last n non-sink chunks are visible (null: all)
+    full_precision_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        check_choice("cache.values", self.values, VALUES_MODES)
+        check_int("cache.sink_chunks", self.sink_chunks, 0)
+        check_int("cache.window_chunks", self.window_chunks, 1, optional=True)
+        check_choice("cache.full_precision_dtype", self.full_precision_dtype, MODEL_DTYPES)
+
+    def full_precision(self) -> QuantConfig:
+        """The quantizer of everything kept unquantized: the BF16 reference's keys and values."""
+        return QuantConfig(method="none", store_dtype=self.full_precision_dtype)
+
+    def key_value(self, quant: QuantConfig, head_dim: int | None = None) -> tuple[QuantConfig, QuantConfig]:
+        """(key, value) QuantConfigs with the settings each method ignores reset (so equal runs hash equal)."""
+        if quant.method == "none":
+            full = self.full_precision()
+            return full, full
+        defaults = QuantConfig()
+        reset = {"store_dtype": self.full_precision_dtype}
+        if quant.method != "qvg":
+            reset.update({f.name: getattr(defaults, f.name) for f in dataclasses.fields(quant)
+                          if f.name.startswith("qvg_")})
+        if quant.rotation == "none":
+            reset["rotation_seed"] = defaults.rotation_seed
+        key = dataclasses.replace(quant, **reset)
+        key.validate(head_dim)
+        if self.values == "none":
+            return key, self.full_precision()
+        if key.granularity != "channel":
+            return key, key
+        value = dataclasses.replace(key, granularity="token_group")  # KIVI: per-token values
+        try:
+            value.validate(head_dim)
+        except ValueError as e:
+            raise ValueError(f"{e} (granularity=channel keys: values are quantized per token in groups of "
+                             "group_size channels, as KIVI does; or set cache.values=none)") from None
+        return key, value
+
+
+@dataclass
+class AttentionConfig:
+    """How the cached self-attention is computed.
+
+    backend: "cached" (fast CPU path), "reference" (the readable oracle) or "flex" (GPU FlexAttention).
+    correction: Jensen-bias correction of the cached scores; strength scales it (1.0: the paper's).
+    probe_layers: layers whose attention probes are recorded when eval.metrics has "attention" (null: all).
+    probes: whether probes are recorded; a run derives it from eval.metrics, Python callers set it.
+    """
+
+    backend: str = "cached"
+    correction: str = "none"
+    strength: float = 1.0
+    probe_layers: Optional[list[int]] = None
+    probes: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("attention.backend", self.backend, ATTENTION_BACKENDS)
+        check_choice("attention.correction", self.correction, CORRECTIONS)
+        check_finite("attention.strength", self.strength, 0)
+        if self.probe_layers is not None:
+            if isinstance(self.probe_layers, (str, bytes)):
+                fail("attention.probe_layers", self.probe_layers, "use null (all) or a list of layer indices")
+            self.probe_layers = sorted({int(i) for i in self.probe_layers if is_int(i)})
+            for i in self.probe_layers:
+                check_int("attention.probe_layers", i, 0)
+        if not isinstance(self.probes, bool):
+            fail("attention.probes", self.probes, "must be true or false")
+
+    def validate(self) -> None:
+        self.__post_init__()
+
+
+@dataclass
+class LpipsConfig:
+    net: str = "alex"  # alex (the LPIPS default) | vgg | squeeze; needs the torchvision backbone file
+
+    def __post_init__(self) -> None:
+        check_choice("eval.lpips.net", self.net, LPIPS_NETS)
+
+
+@dataclass
+class VBenchConfig:
+    dimensions: list[str] = field(default_factory=lambda: [
+        "subject_consistency", "background_consistency", "imaging_quality", "aesthetic_quality",
+        "temporal_flickering"])
+    device: Optional[str] = None  # null: the run's device
+
+    def __post_init__(self) -> None:
+        from jensenkv.eval.vbench import validate_dimensions
+
+        validate_dimensions(self.dimensions)
+        self.dimensions = list(dict.fromkeys(self.dimensions))
+
+
+@dataclass
+class EvalConfig:
+    """What a run generates and how it is scored (configs/eval/*.yaml)."""
+
+    prompts: list[str] = field(default_factory=list)
+    num_prompts: Optional[int] = None  # use the first n prompts (null: all)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    lpips: LpipsConfig = field(default_factory=LpipsConfig)
+    vbench: VBenchConfig = field(default_factory=VBenchConfig)
+    fps: int = 8                       # frame rate of the saved mp4 files
+    save_videos: bool = True           # keep each quantized video as mp4 next to the run record
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompts, str) or not self.prompts \
+                or not all(isinstance(p, str) and p.strip() for p in self.prompts):
+            fail("eval.prompts", self.prompts, "must be a non-empty list of non-empty strings")
+        check_int("eval.num_prompts", self.num_prompts, 1, optional=True)
+        if self.num_prompts is not None and self.num_prompts > len(self.prompts):
+            fail("eval.num_prompts", self.num_prompts, f"must be null (all) or an integer in [1, {len(self.prompts)}]")
+        if isinstance(self.seeds, str) or not self.seeds or not all(is_int(s) and s >= 0 for s in self.seeds):
+            fail("eval.seeds", self.seeds, "must be a non-empty list of integers >= 0")
+        if isinstance(self.metrics, str) or any(m not in METRICS for m in self.metrics):
+            fail("eval.metrics", self.metrics, f"must be a list drawn from {METRICS}")
+        self.metrics = list(dict.fromkeys(self.metrics))
+        check_int("eval.fps", self.fps, 1)
+        if not isinstance(self.save_videos, bool):
+            fail("eval.save_videos", self.save_videos, "must be true or false")
+
+    @property
+    def used_prompts(self) -> list[str]:
+        return list(self.prompts[:self.num_prompts] if self.num_prompts else self.prompts)
+
+
+@dataclass
+class LoggerConfig:
+    """W&B. WANDB_MODE in the environment wins over ``mode`` (tests set WANDB_MODE=disabled)."""
+
+    mode: str = "offline"
+    project: str = "jensenkv"
+    entity: Optional[str] = None
+    dir: str = "${paths.results_dir}/wandb"
+    tags: list[str] = field(default_factory=list)
+    log_video: bool = True             # one sample video per run
+    log_plots: bool = True             # attention-mass plot per run
+
+    def __post_init__(self) -> None:
+        from jensenkv.tracking import resolve_wandb_mode
+
+        resolve_wandb_mode(self.mode)
+
+
+@dataclass
+class PathsConfig:
+    results_dir: str = "${oc.env:JENSENKV_RESULTS,results}"  # runs/, refs/, wandb/ live here
+
+
+@dataclass
+class RunConfig:
+    """One run: a (model, generation, quantizer, cache, attention, eval) point. Validated on construction."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(prompts=["a red square moving right on a dark "
+                                                                         "background"]))
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    threads: Optional[int] = None      # torch intra-op threads (null: the runner picks)
+    experiment_name: str = "default"   # bookkeeping only (W&B group); not part of the run id
+
+    def __post_init__(self) -> None:
+        from jensenkv.run.spec import model_geometry
+
+        check_int("threads", self.threads, 1, optional=True)
+        head_dim, tokens_per_chunk = model_geometry(self.model, self.generation)
+        self.key, self.value = self.cache.key_value(self.quant, head_dim)
+        if self.key.method == "qvg" and tokens_per_chunk is not None and self.key.qvg_centroids > tokens_per_chunk:
+            fail("quant.qvg_centroids", self.key.qvg_centroids,
+                 f"must be <= the {tokens_per_chunk} tokens of one chunk of model {self.model.name!r}")
+        if self.key.granularity == "channel" and self.key.method != "none" and tokens_per_chunk is not None \
+                and self.key.group_size > tokens_per_chunk:
+            fail("quant.group_size", self.key.group_size,
+                 f"with granularity=channel it counts tokens and must be <= the {tokens_per_chunk} tokens of a chunk")
+        if self.is_reference:  # nothing quantized: nothing to correct
+            self.attention = dataclasses.replace(self.attention, correction="none", strength=1.0)
+        self.attention = dataclasses.replace(self.attention, probes="attention" in self.eval.metrics)
+
+    # --- derived views -----------------------------------------------------------------------------------
+    @property
+    def is_reference(self) -> bool:
+        """A full-precision run: its videos are the references themselves."""
+        return self.key.method == "none" and self.value.method == "none"
+
+    @property
+    def values_mode(self) -> str:
+        return "none" if self.value.method == "none" else "same"
+
+    @property
+    def prompts(self) -> list[str]:
+        return self.eval.used_prompts
+
+    @property
+    def results_dir(self) -> Path:
+        return Path(self.paths.results_dir)
+
+    # shorthands the runner reads (each is one field of the tree)
+    metrics = property(lambda self: self.eval.metrics)
+    seeds = property(lambda self: self.eval.seeds)
+    fps = property(lambda self: self.eval.fps)
+    save_videos = property(lambda self: self.eval.save_videos)
+    lpips_net = property(lambda self: self.eval.lpips.net)
+    vbench_dimensions = property(lambda self: self.eval.vbench.dimensions)
+    vbench_device = property(lambda self: self.eval.vbench.device)
+    full_precision_dtype = property(lambda self: self.cache.full_precision_dtype)
+    correction = property(lambda self: self.attention.correction)
+    strength = property(lambda self: self.attention.strength)
+
+    def cache_config(self, keep_reference: bool):
+        """The quantized cache of this run (jensenkv.cache.CacheConfig)."""
+        from jensenkv.cache import CacheConfig
+
+        return CacheConfig(key=self.key, value=self.value, sink_chunks=self.cache.sink_chunks,
+                           window_chunks=self.cache.window_chunks, keep_reference=keep_reference)
+
+    def reference_cache_config(self):
+        """The BF16 reference cache: same layout, nothing quantized, stored in cache.full_precision_dtype."""
+        from jensenkv.cache import CacheConfig
+
+        full = self.cache.full_precision()
+        return CacheConfig(key=full, value=full, sink_chunks=self.cache.sink_chunks,
+                           window_chunks=self.cache.window_chunks)
+
+    # --- identity ----------------------------------------------------------------------------------------
+    def identity(self) -> dict:
+        """What the run id hashes: everything that changes the run's videos or metrics."""
+        from jensenkv.run.spec import weights_digest
+
+        metrics = sorted(self.eval.metrics)
+        return {
+            "model": self.model.to_dict(),
+            "weights": weights_digest(self.model),
+            "generation": dataclasses.asdict(self.generation),
+            "key": dataclasses.asdict(self.key),
+            "value": dataclasses.asdict(self.value),
+            "sink_chunks": self.cache.sink_chunks,
+            "window_chunks": self.cache.window_chunks,
+            "full_precision_dtype": self.cache.full_precision_dtype,
+            "backend": self.attention.backend,
+            "correction": self.attention.correction,
+            "strength": self.attention.strength,
+            "probe_layers": self.attention.probe_layers if self.attention.probes else None,
+            "prompts": self.prompts,
+            "seeds": list(self.eval.seeds),
+            "metrics": metrics,
+            "lpips_net": self.eval.lpips.net if "lpips" in metrics else None,
+            "vbench_dimensions": sorted(self.eval.vbench.dimensions) if "vbench" in metrics else None,
+            "fps": self.eval.fps,
+        }
+
+    @property
+    def run_id(self) -> str:
+        from jensenkv.tracking import config_hash
+
+        return config_hash(self.identity())
+
+    def reference_identity(self, prompt: str, seed: int) -> dict:
+        """What a BF16 reference video depends on: model, generation, prompt, seed and the cache layout."""
+        from jensenkv.run.spec import weights_digest
+
+        return {"kind": "full-precision reference", "model": self.model.to_dict(),
+                "weights": weights_digest(self.model), "generation": dataclasses.asdict(self.generation),
+                "prompt": prompt, "seed": int(seed),
+                "sink_chunks": self.cache.sink_chunks, "window_chunks": self.cache.window_chunks,
+                "full_precision_dtype": self.cache.full_precision_dtype, "backend": self.attention.backend}
+
+    def labels(self) -> dict:
+        """Columns of the results table that describe the run."""
+        quantized = self.key.method != "none"
+        return {
+            "model": self.model.name,
+            "quantizer": self.key.label,
+            "method": self.key.method,
+            "bits": int(self.key.bits) if quantized else 16,
+            "group_size": int(self.key.group_size) if quantized else None,
+            "granularity": self.key.granularity if quantized else None,
+            "rotation": self.key.rotation if quantized else "none",
+            "values": self.values_mode,
+            "correction": self.attention.correction,
+            "strength": self.attention.strength,
+            "sink_chunks": self.cache.sink_chunks,
+            "window_chunks": self.cache.window_chunks,
+        }
+
+
+def register_configs() -> None:
+    """Put the tree's schema in Hydra's ConfigStore (``configs/config.yaml`` lists ``run_schema`` first)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
