@@ -25,18 +25,30 @@ from pathlib import Path
 import torch
 
 from jensenkv.eval.content import content_accuracy
+from jensenkv.generate import GenerationConfig
 from jensenkv.models.tiny import load_tiny, save_tiny
 from jensenkv.models.tiny.config import (
     CONFIG_FILE,
     WEIGHTS_DIR,
     WEIGHTS_FILE,
-    SamplerConfig,
     build_transformer,
     default_transformer_config,
 )
 from jensenkv.models.tiny.data import DataConfig, held_out_specs, parse_prompt, sample_batch, train_specs
 from jensenkv.models.tiny.sampling import predict_velocity, sample_block_causal
 from jensenkv.models.tiny.text import TextConfig, build_text
+
+
+def preset_sampler(**overrides) -> dict:
+    """The sampler of the `model=tiny` preset (configs/model/tiny.yaml on the config tree), stored with the
+    weights as the setting the model card is evaluated with."""
+    from omegaconf import OmegaConf
+
+    from jensenkv.run import compose_config
+
+    generation = OmegaConf.to_container(compose_config(["model=tiny"]).generation, resolve=True)
+    keep = ("steps", "shift", "guidance_scale", "frames_per_chunk", "num_chunks")
+    return {**{k: generation[k] for k in keep}, **overrides}
 
 
 def parse_args() -> argparse.Namespace:
@@ -235,7 +247,7 @@ def plot_samples(videos: torch.Tensor, prompts: list[str], path: Path) -> None:
 
 def evaluate(args: argparse.Namespace) -> dict:
     transformer, text_encoder, tokenizer, config = load_tiny(args.out)
-    sampler = SamplerConfig(**config["sampler"])
+    sampler = GenerationConfig(**config["sampler"])
     data = config["data"]
     # Time one video on its own (the <= 10 s target), after one warm-up call.
     prompt = held_out_specs()[0].prompt
@@ -309,7 +321,7 @@ Reproduce: `make train-tiny`.
 
 ## Samples and content recovery
 Reference sampler (`jensenkv.models.tiny.sampling.sample_block_causal`: full block-causal forward, previous chunks
-clean at t = 0), {s['num_chunks']} chunks, {s['steps']} Euler steps, shift {s['shift']}, CFG {s['cfg_scale']}.
+clean at t = 0), {s['num_chunks']} chunks, {s['steps']} Euler steps, shift {s['shift']}, CFG {s['guidance_scale']}.
 One video takes {ev['seconds_per_video']:.2f} s on this CPU.
 Content recovery (`jensenkv.eval.content.content_accuracy`, {eval_seeds} seed(s) per prompt):
 
@@ -336,7 +348,7 @@ def main() -> None:
             "transformer": default_transformer_config(text.text_dim),
             "text": text.to_dict(),
             "data": data.to_dict(),
-            "sampler": SamplerConfig(num_chunks=data.num_frames // 2).to_dict(),
+            "sampler": preset_sampler(num_chunks=data.num_frames // 2),
             "training": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
                          "weight_decay": args.weight_decay, "ema": args.ema, "p_drop_text": args.p_drop_text,
                          "first_chunk_prob": args.first_chunk_prob, "timesteps": args.timesteps,

@@ -5,6 +5,7 @@ weights at 2 chunks x 2 steps on CPU, so a run takes about a second.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -16,14 +17,15 @@ FAST = ("model.device=cpu", "generation.steps=2", "generation.num_chunks=2", "ev
 def write_random_tiny_weights(folder: Path, **sampler) -> Path:
     """Random-init weights in the tiny model's on-disk format (config.json + model.safetensors);
     ``sampler`` overrides the stored sampler defaults (e.g. steps=2, num_chunks=2)."""
+    from jensenkv.generate import GenerationConfig
     from jensenkv.models.tiny import save_tiny
-    from jensenkv.models.tiny.config import SamplerConfig, build_transformer, default_transformer_config
+    from jensenkv.models.tiny.config import build_transformer, default_transformer_config
     from jensenkv.models.tiny.data import DataConfig
     from jensenkv.models.tiny.text import TextConfig, build_text
 
     torch.manual_seed(0)
     config = {"transformer": default_transformer_config(), "text": TextConfig().to_dict(),
-              "data": DataConfig().to_dict(), "sampler": SamplerConfig(**sampler).to_dict()}
+              "data": DataConfig().to_dict(), "sampler": {k: v for k, v in dataclasses.asdict(GenerationConfig(**sampler)).items() if k in sampler}}
     _, text_encoder = build_text(TextConfig())
     save_tiny(folder, build_transformer(config["transformer"]), text_encoder, config)
     return folder

@@ -184,3 +184,78 @@ def test_every_experiment_composes_into_valid_runs(weights, experiment, monkeypa
         return
     spec = _spec(weights, override)
     assert spec.experiment_name == experiment and len(spec.prompts) == cfg.eval.num_prompts
+
+
+# --- one setting, one definition -----------------------------------------------------------------------
+
+def test_quant_presets_state_only_what_differs_from_the_defaults():
+    """A preset file restating a default is a second definition that can drift (the old rtn.yaml said
+    zero_dtype: uint8 while QuantConfig said int8): every key a preset sets must differ from QuantConfig's."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from jensenkv.quant import QuantConfig
+
+    defaults = dataclasses.asdict(QuantConfig())
+    for path in sorted((CONFIG_DIR / "quant").glob("*.yaml")):
+        values = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+        restated = {k: v for k, v in values.items() if k != "method" and defaults.get(k) == v}
+        assert not restated, f"{path.name} restates defaults {restated}"
+
+
+def test_rtn_label_names_one_quantizer_everywhere(weights):
+    """Table 1's "rtn", the Python default QuantConfig() and the bench/scripts preset are the same quantizer."""
+    import dataclasses
+
+    from jensenkv.quant import QuantConfig
+
+    spec = _spec(weights, "quant=rtn")
+    assert spec.key == dataclasses.replace(QuantConfig(), store_dtype=spec.cache.full_precision_dtype)
+    assert spec.key.label == "rtn"
+
+
+def test_bf16_means_one_cache_everywhere(weights):
+    """The BF16 reference of a run, the registry's default cache and the bf16 preset store the same dtype."""
+    from jensenkv.models.registry import full_precision_cache
+
+    spec = _spec(weights, "quant=bf16")
+    reference = spec.reference_cache_config()
+    assert reference.key.store_dtype == reference.value.store_dtype == "bfloat16"
+    assert full_precision_cache() == reference
+    assert spec.key == reference.key and spec.value == reference.value
+
+
+def test_stored_tiny_sampler_equals_the_tiny_preset(weights):
+    """The sampler saved with the built-in weights (the model card's setting) is the model=tiny preset."""
+    import json
+
+    from jensenkv.models.tiny.config import CONFIG_FILE, WEIGHTS_DIR
+
+    stored = json.loads((WEIGHTS_DIR / CONFIG_FILE).read_text())["sampler"]
+    preset = build_spec(_compose("model.device=cpu")).generation
+    assert {k: getattr(preset, k) for k in stored} == stored
+
+
+def test_every_field_is_reachable_from_the_command_line(weights):
+    spec = _spec(weights, "attention.backend=reference", "generation.window_size=2", "generation.kv_range=[4,3,2,1]",
+                 "attention.probe_layers=[0,2]", "generation.commit_kv_range=1", "cache.sink_chunks=1")
+    assert (spec.attention.backend, spec.generation.window_size, spec.generation.kv_range,
+            spec.attention.probe_layers, spec.generation.commit_kv_range, spec.cache.sink_chunks) == \
+        ("reference", 2, [4, 3, 2, 1], [0, 2], 1, 1)
+    assert spec.run_id != _spec(weights).run_id
+
+
+@pytest.mark.parametrize("override, key", [
+    ("quant.bits=2.0", "quant.bits"), ("eval.save_videos=maybe", "eval.save_videos"),
+    ("attention.strength=inf", "attention.strength"), ("model.dtype=foo", "model.dtype"),
+    ("model.device=tpu", "model.device"), ("generation.kv_range=[-1]", "generation.kv_range"),
+    ("generation.window_size=3", "generation.window_size"), ("cache.window_chunks=0", "cache.window_chunks"),
+])
+def test_bad_values_fail_in_one_line_naming_the_key(weights, override, key):
+    from jensenkv.run.cli import precheck
+
+    with pytest.raises(ValueError) as err:
+        precheck([f"model.weights_dir={weights}", override])
+    message = str(err.value)
+    assert key in message and "\n" not in message

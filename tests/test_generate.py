@@ -16,7 +16,7 @@ import jensenkv.attention as attention_lib
 from jensenkv.cache import CacheConfig
 from jensenkv.generate import GenerationConfig, flow_sigmas, generate_video
 from jensenkv.models.registry import full_precision_cache
-from jensenkv.models.tiny.config import SamplerConfig, build_transformer, default_transformer_config
+from jensenkv.models.tiny.config import build_transformer, default_transformer_config
 from jensenkv.models.tiny.data import COLOURS, SHAPES
 from jensenkv.models.tiny.sampling import sample_block_causal
 from jensenkv.models.tiny.text import TextConfig, build_text
@@ -132,7 +132,7 @@ def test_matches_the_tiny_models_block_causal_sampler():
     transformer = build_transformer(default_transformer_config())
     tokenizer, text_encoder = build_text(TextConfig())
     prompt = f"a {next(iter(COLOURS))} {next(iter(SHAPES))}"
-    sampler = SamplerConfig(steps=3, shift=2.0, cfg_scale=3.0, frames_per_chunk=2, num_chunks=3)
+    sampler = GenerationConfig(steps=3, shift=2.0, guidance_scale=3.0, frames_per_chunk=2, num_chunks=3)
     with torch.no_grad():
         reference = sample_block_causal(transformer, text_encoder, tokenizer, [prompt], seed=5, sampler=sampler)
     gen = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=2.0, guidance_scale=3.0)

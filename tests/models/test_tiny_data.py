@@ -8,8 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from jensenkv.generate import GenerationConfig
 from jensenkv.models.tiny import load_tiny, save_tiny
-from jensenkv.models.tiny.config import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE, SamplerConfig, build_transformer
+from jensenkv.models.tiny.config import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE, build_transformer
 from jensenkv.models.tiny.data import (
     BACKGROUNDS,
     COLOURS,
@@ -141,13 +142,16 @@ def _small_model(seed: int = 0):
 def test_reference_sampler_is_chunk_causal_and_in_range():
     transformer, enc, tok = _small_model()
     prompt = ["a red circle moving left on a dark background"]
-    two = sample_block_causal(transformer, enc, tok, prompt, 7, SamplerConfig(steps=2, num_chunks=2))
-    three = sample_block_causal(transformer, enc, tok, prompt, 7, SamplerConfig(steps=2, num_chunks=3))
+    two = sample_block_causal(transformer, enc, tok, prompt, 7, 
+                                GenerationConfig(steps=2, num_chunks=2, guidance_scale=1.5))
+    three = sample_block_causal(transformer, enc, tok, prompt, 7, 
+                                GenerationConfig(steps=2, num_chunks=3, guidance_scale=1.5))
     assert two.shape == (1, 4, 3, 16, 16) and three.shape == (1, 6, 3, 16, 16)
     assert two.min() >= 0 and two.max() <= 1
     # Later chunks never change earlier ones (block-causal mask + per-chunk noise draws).
     assert torch.allclose(two, three[:, :4], atol=1e-5)
-    other = sample_block_causal(transformer, enc, tok, prompt, 8, SamplerConfig(steps=2, num_chunks=2))
+    other = sample_block_causal(transformer, enc, tok, prompt, 8, 
+                                GenerationConfig(steps=2, num_chunks=2, guidance_scale=1.5))
     assert not torch.allclose(two, other)
 
 
@@ -155,7 +159,7 @@ def test_save_load_round_trip(tmp_path):
     transformer, enc, tok = _small_model(1)
     text = TextConfig(text_dim=8)
     config = {"transformer": SMALL_TRANSFORMER, "text": text.to_dict(), "data": DataConfig().to_dict(),
-              "sampler": SamplerConfig().to_dict()}
+              "sampler": {"steps": 2, "guidance_scale": 1.5}}
     save_tiny(tmp_path, transformer, enc, config)
     t2, e2, tok2, cfg2 = load_tiny(tmp_path)
     assert cfg2 == config and tok2.vocab == tok.vocab
@@ -184,7 +188,7 @@ def test_committed_weights_draw_the_prompted_content_for_held_out_prompts():
     from jensenkv.eval.content import content_accuracy
 
     transformer, enc, tok, config = load_tiny()
-    sampler = SamplerConfig(**config["sampler"])
+    sampler = GenerationConfig(**config["sampler"])
     prompts = [s.prompt for s in held_out_specs() for _ in range(2)]
     videos = torch.cat([sample_block_causal(transformer, enc, tok, [p], 1000 + i, sampler)
                         for i, p in enumerate(prompts)])  # (N, F, C, H, W)

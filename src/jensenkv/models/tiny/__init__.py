@@ -11,13 +11,13 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from jensenkv.generate import GenerationConfig
 from jensenkv.models.tiny.config import (
     CONFIG_FILE,
     TEXT_PREFIX,
     TRANSFORMER_PREFIX,
     WEIGHTS_DIR,
     WEIGHTS_FILE,
-    SamplerConfig,
     build_transformer,
 )
 from jensenkv.models.tiny.text import TextConfig, TextEncoder, WordTokenizer, build_text
@@ -62,9 +62,9 @@ def load_tiny(weights_dir: str | Path | None = None, device: str = "cpu"):
     return transformer, text_encoder, tokenizer, config
 
 
-def sampler_config(config: dict) -> SamplerConfig:
-    """The stored sampler defaults as a SamplerConfig."""
-    return SamplerConfig(**config["sampler"])
+def sampler_config(config: dict) -> GenerationConfig:
+    """The sampler the model card was evaluated with (config.json's "sampler": GenerationConfig fields)."""
+    return GenerationConfig(**config["sampler"])
 
 
 __all__ = ["load_tiny", "save_tiny", "sampler_config", "split_state", "TextEncoder", "WordTokenizer", "WEIGHTS_DIR"]

@@ -7,7 +7,6 @@ g = 32 / 64 / 128 all apply. ``num_frame_per_block = 2`` makes the stock model b
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from diffusers import SkyReelsV2Transformer3DModel
@@ -37,20 +36,6 @@ def default_transformer_config(text_dim: int = 64) -> dict:
         "rope_max_seq_len": 64,
         "num_frame_per_block": 2,
     }
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """Defaults for chunk-wise sampling (rectified flow, Euler steps on a shifted schedule, CFG)."""
-
-    steps: int = 10
-    shift: float = 2.0
-    cfg_scale: float = 1.5
-    frames_per_chunk: int = 2
-    num_chunks: int = 4
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def build_transformer(config: dict) -> SkyReelsV2Transformer3DModel:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jensenkv.generate import flow_sigmas
-from jensenkv.models.tiny.config import SamplerConfig
+from jensenkv.generate import GenerationConfig, flow_sigmas
 from jensenkv.models.tiny.text import WordTokenizer
 
 
@@ -24,13 +23,13 @@ def predict_velocity(transformer: nn.Module, x: torch.Tensor, t_frames: torch.Te
 
 @torch.no_grad()
 def sample_block_causal(transformer: nn.Module, text_encoder: nn.Module, tokenizer: WordTokenizer,
-                        prompts: list[str], seed: int, sampler: SamplerConfig = SamplerConfig(),
+                        prompts: list[str], seed: int, sampler: GenerationConfig,
                         height: int = 16, width: int = 16) -> torch.Tensor:
     """Generate one video per prompt chunk by chunk; returns (B, F, C, H, W) float32 in [0, 1]."""
     b, fpc = len(prompts), sampler.frames_per_chunk
     channels = transformer.config.in_channels
     cond_ids = tokenizer(prompts)  # (B, L)
-    ids = torch.cat([cond_ids, torch.full_like(cond_ids, tokenizer.pad_id)]) if sampler.cfg_scale != 1 else cond_ids
+    ids = torch.cat([cond_ids, torch.full_like(cond_ids, tokenizer.pad_id)]) if sampler.use_cfg else cond_ids
     text = text_encoder(ids)  # (B or 2B, L, text_dim)
     n_branch = ids.shape[0] // b
     sigmas = flow_sigmas(sampler.steps, sampler.shift)  # the cached generator's schedule
@@ -46,7 +45,7 @@ def sample_block_causal(transformer: nn.Module, text_encoder: nn.Module, tokeniz
             v = predict_velocity(transformer, full, t_frames, text)[:, :, -fpc:]  # (nB, C, fpc, H, W)
             if n_branch == 2:
                 v_cond, v_uncond = v.chunk(2)
-                v = v_uncond + sampler.cfg_scale * (v_cond - v_uncond)
+                v = v_uncond + sampler.guidance_scale * (v_cond - v_uncond)
             x = x + (t_next - t) * v
         done = torch.cat([done, x.clamp(-1, 1)], dim=2)
     return ((done.permute(0, 2, 1, 3, 4) + 1) / 2).clamp(0, 1)  # (B, F, C, H, W)
