@@ -8,6 +8,7 @@ rows differ only by the cache (INT2 = RTN, token groups of 32 channels, keys and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import matplotlib
@@ -15,13 +16,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
-from jensenkv.cache import CacheConfig  # noqa: E402
 from jensenkv.generate import generate_video  # noqa: E402
-from jensenkv.models.registry import build_adapter, full_precision_cache  # noqa: E402
-from jensenkv.models.wan import AttentionSettings  # noqa: E402
-from jensenkv.quant import QuantConfig  # noqa: E402
+from jensenkv.models.registry import build_adapter  # noqa: E402
+from jensenkv.run import preset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ("a red circle moving right on a dark background", "a blue square moving down on a dark background")
@@ -33,15 +31,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", nargs="+", default=list(PROMPTS))
     args = p.parse_args()
-    model_cfg = yaml.safe_load((ROOT / "configs" / "model" / "tiny.yaml").read_text())
-    int2 = QuantConfig(method="rtn", bits=2, granularity="token_group", group_size=32)
-    variants = (("BF16", full_precision_cache(), "none"),
-                ("INT2", CacheConfig(key=int2, value=int2), "none"),
-                ("INT2 + Taylor", CacheConfig(key=int2, value=int2), "taylor"))
+    # The same presets as Table 1's rows (configs/quant/*.yaml, configs/correction/*.yaml).
+    variants = (("BF16", preset("quant=bf16")), ("INT2", preset("quant=rtn", "quant.bits=2")),
+                ("INT2 + Taylor", preset("quant=rtn", "quant.bits=2", "correction=taylor")))
     rows = []
     for prompt in args.prompts:
-        for name, cache, correction in variants:
-            adapter = build_adapter(model_cfg, cache=cache, attention=AttentionSettings(correction=correction))
+        for name, spec in variants:
+            cache = spec.reference_cache_config() if spec.is_reference else spec.cache_config(keep_reference=False)
+            attention = dataclasses.replace(spec.attention, probes=False)
+            adapter = build_adapter(spec.model, cache=cache, attention=attention, generation=spec.generation)
             video = generate_video(adapter, prompt, args.seed).video  # (F, C, H, W) in [0, 1]
             rows.append((f"{prompt.split(' on ')[0][2:]}\n{name}", video))
     frames = rows[0][1].shape[0]

@@ -23,6 +23,12 @@ def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) ->
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
+def preset(*overrides: str) -> Any:
+    """The validated config tree (RunConfig) of ``overrides`` composed on configs/: how scripts, benchmarks and
+    notebooks get a preset, so a label (``quant=rtn``, ``model=tiny``) means the same thing everywhere."""
+    return build_spec(compose_config(overrides))
+
+
 def run_overrides(overrides: Sequence[str] = ()) -> dict:
     """Run one configuration in this process (notebooks, tests) and return its record."""
     return Runner(build_spec(compose_config(overrides))).run()
