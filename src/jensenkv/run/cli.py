@@ -147,7 +147,7 @@ def task(cfg: Any) -> dict | None:
 
     try:
         spec = build_spec(cfg)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:  # bad value, missing weights: before any work
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     try:
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         precheck(args)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:  # checked before Hydra starts any job
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [sys.argv[0], *args]
