@@ -1,0 +1,66 @@
+"""Error-model diagnostics: does the cached key error behave as the correction assumes?
+
+The correction assumes e = k_hat - k ~ U(-D/2, D/2) per element, independent of k. Then the cached score
+error delta = scale * q . e has mean 0 and only its second-order (Jensen) term inflates the cached partition
+sum Z_S, by b in expectation. These numbers say, per call, which of that holds:
+
+- theta = Cov(k, e) / Var(e): 0 under the model; RTN with an integer zero makes it negative (small channels of
+  an outlier group round to 0, so e = -k there).
+- var_ratio = Var(e) / mean(D^2 / 12): 1 under the model (dithered grids: exactly 1).
+- log_zs_shift = log Z_S(k_hat) - log Z_S(k), split into first_order = sum_j pi_j delta_j (zero under the
+  model) and jensen = the rest (the convexity term the correction targets), with pi the reference softmax
+  over cached keys; predicted_taylor = sum_j pi_j b_j is what subtracting b removes to first order.
+- n_eff = 1 / sum_j pi_j^2: how many cached keys a query really attends to (small: peaky attention, where
+  correcting Z_S in expectation overshoots P_S).
+
+Averages are over batch, heads and queries (theta and var_ratio pool every element). Computed in float64:
+a probe, not a hot path.
+"""
+from __future__ import annotations
+
+import torch
+
+from jensenkv.correction import GroupSteps, expand_group_steps, group_bias
+
+
+def error_model_diagnostics(q: torch.Tensor, k_ref: torch.Tensor, k_hat: torch.Tensor, steps: GroupSteps,
+                            scale: float | None = None) -> dict[str, float]:
+    """q (B, H, Q, D) queries; k_ref, k_hat (B, H, K, D) reference and dequantized cached keys (original basis);
+    steps: their quantization steps (B, H, K, G). Returns the diagnostics above as floats."""
+    if k_ref.shape != k_hat.shape or q.shape[:2] != k_ref.shape[:2] or q.shape[-1] != k_ref.shape[-1]:
+        raise ValueError(f"shapes q={tuple(q.shape)}, k_ref={tuple(k_ref.shape)}, k_hat={tuple(k_hat.shape)} "
+                         "are not allowed: expected q (B, H, Q, D) and keys (B, H, K, D) with the same B, H, D")
+    q, k_ref, k_hat = (t.double() for t in (q, k_ref, k_hat))
+    d = q.shape[-1]
+    scale = d ** -0.5 if scale is None else float(scale)
+    err = k_hat - k_ref  # (B, H, K, D)
+
+    # element statistics in the basis the steps live in
+    rot = steps.rotation
+    k_b, e_b = (k_ref, err) if rot is None else (rot.apply(k_ref), rot.apply(err))
+    step = expand_group_steps(GroupSteps(steps.step.double(), rot), d)  # (B, H, K, D)
+    e_c = e_b - e_b.mean(dim=2, keepdim=True)  # centred over tokens, per (batch, head, channel)
+    k_c = k_b - k_b.mean(dim=2, keepdim=True)
+    var_e = e_c.square().sum()
+    theta = float((k_c * e_c).sum() / var_e) if var_e > 0 else float("nan")
+    var_ratio = float(e_c.square().mean() / (step.square().mean() / 12))
+
+    # score-level decomposition of the cached partition's shift
+    s = scale * q @ k_ref.transpose(-1, -2)  # (B, H, Q, K)
+    delta = scale * q @ err.transpose(-1, -2)  # (B, H, Q, K)
+    pi = torch.softmax(s, dim=-1)
+    log_zs_shift = torch.logsumexp(s + delta, dim=-1) - torch.logsumexp(s, dim=-1)  # (B, H, Q)
+    first_order = (pi * delta).sum(-1)
+    b = group_bias(q, GroupSteps(steps.step.double(), rot), "taylor", scale)  # (B, H, Q, K)
+    predicted = (pi * b).sum(-1)
+    n_eff = 1.0 / pi.square().sum(-1)
+    return {
+        "theta": theta,
+        "var_ratio": var_ratio,
+        "log_zs_shift": float(log_zs_shift.mean()),
+        "first_order": float(first_order.mean()),
+        "jensen": float((log_zs_shift - first_order).mean()),
+        "predicted_taylor": float(predicted.mean()),
+        "n_eff": float(n_eff.mean()),
+        "n_eff_fraction": float(n_eff.mean() / s.shape[-1]),
+    }
