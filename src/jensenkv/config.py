@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from jensenkv.correction import CORRECTIONS
 from jensenkv.quant.config import FLOAT_DTYPES, QuantConfig
 
-CORRECTIONS = ("none", "taylor", "exact")
 ATTENTION_BACKENDS = ("cached", "reference", "flex")  # implementations: jensenkv.models.wan.ATTENTION_BACKENDS
 SAMPLERS = ("euler", "x0_renoise")
 MODEL_KINDS = ("tiny", "diffusers")

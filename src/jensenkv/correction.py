@@ -21,6 +21,7 @@ import torch
 from jensenkv.quant.hadamard import RandomHadamard
 
 BIAS_METHODS = ("taylor", "exact")
+CORRECTIONS = ("none", *BIAS_METHODS)  # the one list of correction options (config, attention, probes)
 
 # |x| below this uses the power series of log(sinh x / x); above, the asymptotic form (both are
 # accurate to float64 rounding there: the series' error ~ (0.5/pi)^16, the other form's cancellation

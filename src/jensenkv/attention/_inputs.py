@@ -6,9 +6,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from jensenkv.correction import GroupSteps, validate_group_steps
-
-CORRECTIONS = ("none", "taylor", "exact")
+from jensenkv.correction import CORRECTIONS, GroupSteps, validate_group_steps  # noqa: F401 - re-exported
 
 
 class SegmentLike(Protocol):
