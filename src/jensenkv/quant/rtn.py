@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from jensenkv.quant.packing import pack_codes, unpack_codes
+from jensenkv.quant.steps import GroupSteps
 from jensenkv.quant.tensors import QuantizedTensor, tensor_nbytes
 
 if TYPE_CHECKING:
-    from jensenkv.correction import GroupSteps
     from jensenkv.quant.hadamard import RandomHadamard
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
@@ -133,8 +133,6 @@ class RTNTensor(QuantizedTensor):
         return self.layout.to_tokens(self.step.float()).contiguous()
 
     def group_steps(self) -> GroupSteps:
-        from jensenkv.correction import GroupSteps
-
         return GroupSteps(step=self.token_steps(), rotation=self.rotation)
 
 
