@@ -1,10 +1,6 @@
 """The tiny model's procedural data, tokenizer/text encoder, reference sampler and weight loading."""
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 

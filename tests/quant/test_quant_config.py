@@ -6,13 +6,6 @@ import pytest
 from jensenkv.quant import QuantConfig, make_quantizer
 
 
-def test_defaults_are_the_paper_setting():
-    cfg = QuantConfig()
-    cfg.validate(128)
-    assert (cfg.method, cfg.bits, cfg.granularity, cfg.group_size) == ("rtn", 2, "token_group", 32)
-    assert (cfg.scale_dtype, cfg.zero_dtype, cfg.store_dtype) == ("float16", "int8", "float32")
-
-
 def test_group_size_must_divide_head_dim():
     with pytest.raises(ValueError, match=r"quant\.group_size=33.*divide head_dim=128"):
         QuantConfig(group_size=33).validate(128)
