@@ -2,55 +2,39 @@
 cache-free block-causal sampler. Random-init models only (no weights)."""
 from __future__ import annotations
 
-import os
-
-os.environ["HF_HUB_OFFLINE"] = "1"  # before diffusers / huggingface_hub are imported
-
-import zlib
-
 import pytest
 import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 
-import jensenkv.attention as attention_lib
 from jensenkv.cache import CacheConfig
 from jensenkv.generate import GenerationConfig, flow_sigmas, generate_video
+from jensenkv.models.loaders import cast_like_diffusers
 from jensenkv.models.registry import full_precision_cache
 from jensenkv.models.tiny.config import build_transformer, default_transformer_config
 from jensenkv.models.tiny.data import COLOURS, SHAPES
 from jensenkv.models.tiny.sampling import sample_block_causal
 from jensenkv.models.tiny.text import TextConfig, build_text
 from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
-from jensenkv.quant import QuantConfig
 
-TEST_CONFIG = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
-               "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2,
-               "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=5.0)
 
 
-def encode_prompt(prompts: list[str]) -> torch.Tensor:
-    return torch.stack([torch.randn(12, 16, generator=torch.Generator().manual_seed(zlib.crc32(p.encode())))
-                        for p in prompts])  # (B, 12, 16)
+@pytest.fixture
+def make_adapter(tiny_wan_adapter):
+    """Factory: a tiny adapter whose sampling defaults are GEN unless ``generation`` is given."""
+    def make(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
+             attention: AttentionSettings | None = None, generation: GenerationConfig = GEN) -> ChunkwiseAdapter:
+        return tiny_wan_adapter(cls, cache, attention, generation)
 
-
-def make_adapter(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
-                 attention: AttentionSettings | None = None, generation: GenerationConfig = GEN) -> ChunkwiseAdapter:
-    torch.manual_seed(0)
-    return ChunkwiseAdapter(cls(**TEST_CONFIG), encode_prompt, (4, 16, 16), generation,
-                            cache or full_precision_cache(), attention)
+    return make
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def int2_cache() -> CacheConfig:
-    return CacheConfig(key=QuantConfig(bits=2, group_size=4), value=QuantConfig(bits=2, group_size=4))
-
-
 @pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
-def test_same_seed_same_video_bit_for_bit(cls):
+def test_same_seed_same_video_bit_for_bit(cls, make_adapter, int2_cache):
     """(d) Same seed + config -> identical video and latents on CPU; another seed -> another video."""
     adapter = make_adapter(cls, int2_cache(), AttentionSettings(correction="taylor"))
     first = generate_video(adapter, "a red square", seed=7)
@@ -65,8 +49,9 @@ def test_same_seed_same_video_bit_for_bit(cls):
     assert torch.equal(renoised.latents, again.latents) and not torch.allclose(renoised.latents, first.latents)
 
 
-def test_result_layout_and_timings():
-    result = generate_video(make_adapter(), "a red square", seed=0)
+def test_result_layout_and_timings(make_adapter):
+    adapter = make_adapter()
+    result = generate_video(adapter, "a red square", seed=0)
     frames = GEN.num_chunks * GEN.frames_per_chunk
     assert result.latents.shape == (1, 4, frames, 16, 16)
     assert result.video.shape == (frames, 4, 16, 16) and result.video.dtype == torch.float32
@@ -74,10 +59,17 @@ def test_result_layout_and_timings():
     assert result.probes is None
     t = result.timings
     assert len(t["per_chunk_s"]) == GEN.num_chunks and t["total_s"] >= sum(t["per_chunk_s"]) > 0
-    assert 0.0 < t["quantize_s"] < t["total_s"]
+    # Commit timing is opt-in (on CUDA it synchronizes twice per commit and layer): untimed unless asked for.
+    assert t["quantize_s"] is None and adapter.state.quantize_seconds == 0.0
+    adapter.time_quantize = True
+    timed = generate_video(adapter, "a red square", seed=0)
+    assert 0.0 < timed.timings["quantize_s"] < timed.timings["total_s"]  # a part of the whole, not a speed
+    assert torch.equal(timed.latents, result.latents)
+    with pytest.raises(ValueError, match="time_quantize"):
+        adapter.time_quantize = 1
 
 
-def test_probes_carry_their_coordinates():
+def test_probes_carry_their_coordinates(make_adapter, int2_cache):
     adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor", probes=True))
     probes = generate_video(adapter, "a red square", seed=0).probes
     keys = {(p["layer"], p["step"], p["chunk"], p["branch"]) for p in probes}
@@ -86,20 +78,18 @@ def test_probes_carry_their_coordinates():
     assert {p["chunk"] for p in probes} == {1, 2} and {p["branch"] for p in probes} == {"cond", "uncond"}
 
 
-def test_kv_range_schedule_is_honoured(monkeypatch):
+def test_kv_range_schedule_is_honoured(make_adapter, attention_spy):
     """(f) Per-stage kv-range (MAGI-1 style): each denoising stage sees at most that many cached chunks."""
     gen = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=4, shift=2.0, kv_range=(None, 2, 1, 0),
                            commit_kv_range=1)
-    adapter = make_adapter(generation=gen)
+    adapter = make_adapter(generation=gen, attention=AttentionSettings(backend="spy"))
     seen: dict[tuple, int] = {}
-    inner = attention_lib.cached_attention
 
-    def recording(q, k_cur, v_cur, segments, **kwargs):
+    def record(q, k_cur, v_cur, segments):
         (chunk,) = adapter.state.window  # window_size 1: one chunk per forward
         seen[(adapter.state.mode, chunk.index, chunk.step)] = len(segments)
-        return inner(q, k_cur, v_cur, segments, **kwargs)
 
-    monkeypatch.setattr(attention_lib, "cached_attention", recording)
+    attention_spy.hook(record)
     generate_video(adapter, "a red square", seed=0)
     for chunk in range(4):
         for step, limit in enumerate(gen.kv_range):
@@ -137,7 +127,7 @@ def test_matches_the_tiny_models_block_causal_sampler():
         reference = sample_block_causal(transformer, text_encoder, tokenizer, [prompt], seed=5, sampler=sampler)
     gen = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=2.0, guidance_scale=3.0)
     adapter = ChunkwiseAdapter(transformer, lambda p: text_encoder(tokenizer(p)), (3, 16, 16), gen,
-                               full_precision_cache(), clean_range=(-1.0, 1.0))
+                               full_precision_cache("float32"), clean_range=(-1.0, 1.0))
     ours = generate_video(adapter, prompt, seed=5)
     assert ours.video.shape == reference[0].shape
     assert float((ours.video - reference[0]).abs().max()) < 1e-4
@@ -147,11 +137,9 @@ def test_matches_the_tiny_models_block_causal_sampler():
     assert torch.equal(again, reference)
 
 
-def test_bfloat16_model_runs_end_to_end():
+def test_bfloat16_model_runs_end_to_end(make_adapter, int2_cache):
     """Real checkpoints run in bf16: the cast model (fp32-kept modules as diffusers keeps them) generates a
     finite video close to the fp32 one."""
-    from jensenkv.models.wan import cast_like_diffusers
-
     fp32 = generate_video(make_adapter(WanTransformer3DModel, int2_cache()), "a red square", seed=3)
     adapter = make_adapter(WanTransformer3DModel, int2_cache(), AttentionSettings(correction="taylor"))
     cast_like_diffusers(adapter.transformer, torch.bfloat16)
@@ -215,7 +203,7 @@ def staircase_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg: 
 
 
 @pytest.mark.parametrize("sampler", ["euler", "x0_renoise"])
-def test_window_size_one_is_the_sequential_loop_bit_for_bit(sampler):
+def test_window_size_one_is_the_sequential_loop_bit_for_bit(sampler, make_adapter, int2_cache):
     """window_size=1 (the default) is the one-chunk-at-a-time loop, down to the last bit (CFG, INT2, Taylor)."""
     cfg = GenerationConfig(**{**GEN.__dict__, "sampler": sampler, "kv_range": (None, 1, 0), "commit_kv_range": 1})
     adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"))
@@ -224,7 +212,7 @@ def test_window_size_one_is_the_sequential_loop_bit_for_bit(sampler):
 
 
 @pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
-def test_staircase_matches_the_block_causal_definition(cls):
+def test_staircase_matches_the_block_causal_definition(cls, make_adapter):
     """Unquantized cache: the windowed, cached generator equals ticks of full block-causal forwards."""
     cfg = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=4, shift=2.0, window_size=2)
     adapter = make_adapter(cls, generation=cfg)
@@ -237,7 +225,7 @@ def test_staircase_matches_the_block_causal_definition(cls):
 
 
 @pytest.mark.parametrize("cache", ["bf16", "int2"])
-def test_staircase_is_deterministic_and_commits_each_chunk_once(cache):
+def test_staircase_is_deterministic_and_commits_each_chunk_once(cache, make_adapter, int2_cache):
     cfg = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=6, shift=3.0, guidance_scale=5.0, window_size=3,
                            sampler="x0_renoise", kv_range=(3, 2, 1))
     adapter = make_adapter(cache=None if cache == "bf16" else int2_cache(),
@@ -254,28 +242,28 @@ def test_staircase_is_deterministic_and_commits_each_chunk_once(cache):
 
 
 @pytest.mark.parametrize("kv_range", [(4, 3, 2, 1), (1, 1, 0, 0), (None, 2, 1, 0)])
-def test_staircase_kv_range_counts_in_flight_chunks_first(monkeypatch, kv_range):
+def test_staircase_kv_range_counts_in_flight_chunks_first(monkeypatch, kv_range, make_adapter, int2_cache,
+                                                          attention_spy):
     """Each in-flight chunk attends to itself, the most recent preceding chunks in its stage's range, in flight
     first (full precision, as k_cur), then from the quantized cache. (4, 3, 2, 1) is MAGI-1's 4.5B schedule
     (window 4, noise2clean_kvrange [5, 4, 3, 2]): at most one cached chunk is ever in view."""
     cfg = GenerationConfig(num_chunks=6, frames_per_chunk=2, steps=4, shift=2.0, window_size=4, kv_range=kv_range)
-    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor", probes=True),
-                           generation=cfg)
+    adapter = make_adapter(cache=int2_cache(), generation=cfg,
+                           attention=AttentionSettings(backend="spy", correction="taylor", probes=True))
     tokens = cfg.frames_per_chunk * 8 * 8  # per chunk: frames x (16 / 2) x (16 / 2) patches
     forwards: list[list[tuple]] = []
-    inner_attention, inner_window = attention_lib.cached_attention, adapter.denoise_window
+    inner_window = adapter.denoise_window
 
     def recording_window(*args, **kwargs):
         forwards.append([])
         return inner_window(*args, **kwargs)
 
-    def recording_attention(q, k_cur, v_cur, segments, **kwargs):
+    def record(q, k_cur, v_cur, segments):
         if adapter.state.mode == "cached":
             assert all(s.steps is not None for s in segments)  # only committed, quantized chunks are cached
             forwards[-1].append((k_cur.shape[2] // tokens, len(segments), adapter.caches()[0].num_committed))
-        return inner_attention(q, k_cur, v_cur, segments, **kwargs)
 
-    monkeypatch.setattr(attention_lib, "cached_attention", recording_attention)
+    attention_spy.hook(record)
     monkeypatch.setattr(adapter, "denoise_window", recording_window)
     probes = generate_video(adapter, "a red square", seed=0).probes
 
@@ -297,7 +285,7 @@ def test_staircase_kv_range_counts_in_flight_chunks_first(monkeypatch, kv_range)
     assert probed == seen_cache and len(probes) == 2 * len(seen_cache)  # probes: chunks that saw the cache
 
 
-def test_correction_acts_only_when_cached_chunks_are_in_view():
+def test_correction_acts_only_when_cached_chunks_are_in_view(make_adapter, int2_cache):
     """A window forward whose kv_ranges hide every cached chunk (the chunks see only each other, which are
     never quantized) is untouched by the correction; with the cache in view the correction acts. The
     earlier chunk ignores the later one (block-causal)."""
@@ -319,7 +307,7 @@ def test_correction_acts_only_when_cached_chunks_are_in_view():
     assert rel_err(out_fixed[:, :, :2], alone) < 1e-5
 
 
-def test_window_settings_are_checked():
+def test_window_settings_are_checked(make_adapter):
     for bad in ({"window_size": 0}, {"window_size": True}, {"steps": 4, "window_size": 3}):
         with pytest.raises(ValueError, match="window_size"):
             GenerationConfig(**bad).validate()
@@ -337,7 +325,7 @@ def test_window_settings_are_checked():
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("backend", ["reference", "flex"])
-def test_staircase_agrees_across_attention_backends(backend):
+def test_staircase_agrees_across_attention_backends(backend, make_adapter, int2_cache):
     """The window's k_cur (earlier in-flight chunks + itself) is longer than q: every backend takes it."""
     cfg = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=4, shift=2.0, window_size=2, kv_range=(2, 1))
     fast = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"), generation=cfg)

@@ -1,34 +1,18 @@
 """The notebooks execute headless (nbclient, the venv's python3 kernel) on a small real results store."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_testkit import FIXTURE_RUNS, build_results_fixture, write_random_tiny_weights  # noqa: E402
-
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-# RTN INT2 / INT4 at g=32 without and with correction, and INT2 g=128: what both notebooks read.
-RUNS = tuple(r for r in FIXTURE_RUNS if r[0].startswith("quant.bits="))
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nb")
-    build_results_fixture(root / "results", write_random_tiny_weights(root / "weights"), RUNS)
-    return root / "results"
-
-
-def test_there_are_at_least_two_notebooks():
-    assert {"attention_mass.ipynb", "tradeoff.ipynb"} <= {p.name for p in NOTEBOOKS.glob("*.ipynb")}
 
 
 @pytest.mark.parametrize("name", ["attention_mass.ipynb", "tradeoff.ipynb"])
-def test_notebook_runs_and_draws(name, results, monkeypatch):
+def test_notebook_runs_and_draws(name, results_store, monkeypatch):
+    results = results_store
     monkeypatch.setenv("JENSENKV_RESULTS", str(results))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")

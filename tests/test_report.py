@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,15 +12,11 @@ from jensenkv.report.figures import jensen_bias_curves, plot_tradeoff
 from jensenkv.report.table1 import CSV_COLUMNS, main, paper_table, select_runs, write_table1
 from jensenkv.tracking import load_results
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_testkit import build_results_fixture, write_random_tiny_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("report")
-    build_results_fixture(root / "results", write_random_tiny_weights(root / "weights"))
-    return root / "results"
+def results(results_store):
+    return results_store
 
 
 @pytest.fixture(scope="module")

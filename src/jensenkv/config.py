@@ -32,7 +32,6 @@ from typing import Any, Optional
 from jensenkv.correction import CORRECTIONS
 from jensenkv.quant.config import FLOAT_DTYPES, QuantConfig
 
-ATTENTION_BACKENDS = ("cached", "reference", "flex")  # implementations: jensenkv.models.wan.ATTENTION_BACKENDS
 SAMPLERS = ("euler", "x0_renoise")
 MODEL_KINDS = ("tiny", "diffusers")
 MODEL_DTYPES = tuple(FLOAT_DTYPES)
@@ -268,7 +267,8 @@ class CacheSettings:
 class AttentionConfig:
     """How the cached self-attention is computed.
 
-    backend: "cached" (fast CPU path), "reference" (the readable oracle) or "flex" (GPU FlexAttention).
+    backend: a kernel of jensenkv.attention.ATTENTION_BACKENDS: "cached" (fast CPU path), "reference" (the
+        readable oracle), "flex" (GPU FlexAttention), or one registered there.
     correction: Jensen-bias correction of the cached scores; strength scales it (1.0: the paper's).
     probe_layers: layers whose attention probes are recorded when eval.metrics has "attention" (null: all).
     probes: whether probes are recorded; a run derives it from eval.metrics, Python callers set it.
@@ -281,7 +281,9 @@ class AttentionConfig:
     probes: bool = False
 
     def __post_init__(self) -> None:
-        check_choice("attention.backend", self.backend, ATTENTION_BACKENDS)
+        from jensenkv.attention.backends import ATTENTION_BACKENDS  # the kernels (a dict: name -> function)
+
+        check_choice("attention.backend", self.backend, tuple(ATTENTION_BACKENDS))
         check_choice("attention.correction", self.correction, CORRECTIONS)
         check_finite("attention.strength", self.strength, 0)
         if self.probe_layers is not None:

@@ -13,12 +13,11 @@ steals softmax mass. Subtracting b = log E[exp(scale * q.e)] from the cached sco
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from jensenkv.quant.hadamard import RandomHadamard
+from jensenkv.quant.steps import GroupSteps  # defined in quant (no import cycle); re-exported here
 
 BIAS_METHODS = ("taylor", "exact")
 CORRECTIONS = ("none", *BIAS_METHODS)  # the one list of correction options (config, attention, probes)
@@ -33,20 +32,6 @@ SERIES_MAX_ARG = 1.5
 _SERIES_TERMS_GROUP = 14  # truncation error ~ (1.5/pi)^28 / 14 ~ 1e-10 at the bound
 # fallback: elements per query tile of the elementwise exact bias (bounds its memory)
 _TILE_ELEMENTS = 1 << 22
-
-
-@dataclass
-class GroupSteps:
-    """Compact per-element quantization steps of cached keys.
-
-    step: (B, H, K, G). Group j of token k covers the g = D // G contiguous channels
-    [j*g, (j+1)*g) of the key, in the rotated basis when ``rotation`` is set.
-    Per-tensor and per-token quantization have G = 1; token groups of g channels have G = D / g;
-    per-channel (KIVI keys) has G = D.
-    """
-
-    step: torch.Tensor  # (B, H, K, G)
-    rotation: RandomHadamard | None = None
 
 
 def validate_method(method: str, argument: str = "method") -> None:

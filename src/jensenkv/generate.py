@@ -44,7 +44,7 @@ class ChunkwiseModel(Protocol):
     latent_frame_shape: tuple[int, int, int]  # (C, H, W) of one latent frame
     clean_range: tuple[float, float] | None   # clamp committed chunks to this range (pixel-space models)
     device: torch.device
-    quantize_seconds: float
+    quantize_seconds: float | None  # None unless the adapter times its commits (time_quantize)
 
     def reset(self) -> None: ...
     def set_prompt(self, prompt: str, negative_prompt: str | None) -> None: ...
@@ -62,7 +62,7 @@ class GenerationResult:
     video: torch.Tensor                 # (F, C, H, W) float32 in [0, 1], decoded
     latents: torch.Tensor               # (1, C, F_latent, H_latent, W_latent) float32, the clean chunks
     probes: list[dict] | None           # one dict per (layer, step, chunk, branch) when probes are on
-    timings: dict[str, Any] = field(default_factory=dict)  # total_s, quantize_s, decode_s, per_chunk_s
+    timings: dict[str, Any] = field(default_factory=dict)  # total_s, quantize_s (None: untimed), decode_s, per_chunk_s
     # per_chunk_s: seconds from the previous commit (or the start) to each chunk's commit
 
 

@@ -44,11 +44,6 @@ def no_shell(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", GuardedPopen)
 
 
-def test_default_dimensions_are_qvgs_four_plus_flickering():
-    assert set(DEFAULT_DIMENSIONS) == {"subject_consistency", "background_consistency", "imaging_quality",
-                                       "aesthetic_quality", "temporal_flickering"}
-
-
 def test_weight_free_dimension_is_available():
     assert dimension_missing_reason("temporal_flickering") is None
 

@@ -1,72 +1,44 @@
 """Chunk-wise driving of diffusers' SkyReels-V2 / Wan transformers over a (quantized) KV cache.
 
-Tiny random-init models at diffusers' own test sizes (patch (1, 2, 2), 2 heads x head dim 12), so no
-weights are needed; group size 4 divides the head dim.
+Tiny random-init models at diffusers' own test sizes (conftest: patch (1, 2, 2), 2 heads x head dim 12), so
+no weights are needed; group size 4 divides the head dim.
 """
 from __future__ import annotations
-
-import os
-
-os.environ["HF_HUB_OFFLINE"] = "1"  # before diffusers / huggingface_hub are imported
-
-import socket
-import sys
-import zlib
-from pathlib import Path
 
 import pytest
 import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from diffusers.hooks import HookRegistry
 from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2AttnProcessor
-from omegaconf import OmegaConf
 
+from conftest import WAN_FRAME as FRAME, WAN_TEST_CONFIG as TEST_CONFIG, encode_prompt
 from jensenkv.cache import CacheConfig
-from jensenkv.generate import GenerationConfig, generate_video
-from jensenkv.models import build_adapter
-from jensenkv.models.registry import full_precision_cache
+from jensenkv.generate import GenerationConfig
 from jensenkv.models.wan import (
+    ROPE_HOOK_NAME,
     AttentionSettings,
     CachedSelfAttnProcessor,
     ChunkwiseAdapter,
-    MissingWeightsError,
-    ROPE_HOOK_NAME,
     RopeFrameOffsetHook,
     block_causal_mask,
-    cast_like_diffusers,
-    load_original_wan_checkpoint,
+    limit_kv_range,
 )
 from jensenkv.quant import QuantConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline_testkit import write_random_tiny_weights  # noqa: E402
-
-TEST_CONFIG = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
-               "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2,
-               "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
-FRAME = (4, 16, 16)  # (C, H, W) of one latent frame
 FPC = 2  # frames per chunk
 CLASSES = [SkyReelsV2Transformer3DModel, WanTransformer3DModel]
 
 
-def encode_prompt(prompts: list[str]) -> torch.Tensor:
-    """A deterministic stand-in text encoder: (B, 12, 16), seeded by the prompt text."""
-    return torch.stack([torch.randn(12, 16, generator=torch.Generator().manual_seed(zlib.crc32(p.encode())))
-                        for p in prompts])
+@pytest.fixture
+def make_adapter(tiny_wan_adapter):
+    """Factory: a tiny adapter (2 frames per chunk, 2 steps) with the prompt "a red square" set."""
+    def make(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
+             attention: AttentionSettings | None = None, seed: int = 0) -> ChunkwiseAdapter:
+        adapter = tiny_wan_adapter(cls, cache, attention, GenerationConfig(frames_per_chunk=FPC, steps=2), seed)
+        adapter.set_prompt("a red square", "")
+        return adapter
 
-
-def int2_cache(**kw) -> CacheConfig:
-    return CacheConfig(key=QuantConfig(bits=2, group_size=4), value=QuantConfig(bits=2, group_size=4), **kw)
-
-
-def make_adapter(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
-                 attention: AttentionSettings | None = None, seed: int = 0) -> ChunkwiseAdapter:
-    torch.manual_seed(seed)
-    model = cls(**TEST_CONFIG)
-    adapter = ChunkwiseAdapter(model, encode_prompt, FRAME, GenerationConfig(frames_per_chunk=FPC, steps=2),
-                               cache or full_precision_cache(), attention)
-    adapter.set_prompt("a red square", "")
-    return adapter
+    return make
 
 
 def chunks(n: int, seed: int) -> list[torch.Tensor]:
@@ -91,7 +63,7 @@ def run_chunks(adapter: ChunkwiseAdapter, n: int = 3, t: float = 0.7, branch: st
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("branch", ["cond", "uncond"])
-def test_chunked_matches_block_causal_full_forward(cls, branch):
+def test_chunked_matches_block_causal_full_forward(cls, branch, make_adapter):
     """(a) Unquantized cache: every chunk's output equals one full block-causal forward to 1e-4."""
     adapter = make_adapter(cls)
     n, t = 3, 0.6
@@ -107,7 +79,7 @@ def test_chunked_matches_block_causal_full_forward(cls, branch):
     assert all(cache.num_committed == n for cache in adapter.caches(branch))
 
 
-def test_full_forward_is_block_causal():
+def test_full_forward_is_block_causal(make_adapter):
     """The reference mode really masks: later chunks do not change earlier chunks' outputs."""
     adapter = make_adapter()
     a, b = chunks(2, 3), chunks(2, 4)
@@ -120,7 +92,7 @@ def test_full_forward_is_block_causal():
     assert mask.tolist()[2] == [True, True, True, True, False, False]
 
 
-def test_rope_hook_shifts_positions_by_start_frame():
+def test_rope_hook_shifts_positions_by_start_frame(make_adapter):
     """RoPE of a chunk starting at frame s equals the tail of RoPE over s + F frames."""
     adapter = make_adapter()
     rope = adapter.transformer.rope
@@ -138,7 +110,7 @@ def test_rope_hook_shifts_positions_by_start_frame():
     assert isinstance(HookRegistry.check_if_exists_or_initialize(rope).get_hook(ROPE_HOOK_NAME), RopeFrameOffsetHook)
 
 
-def test_processors_on_self_attention_only_and_removable():
+def test_processors_on_self_attention_only_and_removable(make_adapter):
     adapter = make_adapter()
     procs = adapter.transformer.attn_processors
     assert {n for n, p in procs.items() if isinstance(p, CachedSelfAttnProcessor)} == {
@@ -159,7 +131,7 @@ def test_processors_on_self_attention_only_and_removable():
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
-def test_int2_cache_moves_the_output(cls):
+def test_int2_cache_moves_the_output(cls, make_adapter, int2_cache):
     """(b) INT2 keys/values: the first chunk (empty cache) is unchanged, later chunks move."""
     exact = run_chunks(make_adapter(cls))
     int2 = run_chunks(make_adapter(cls, int2_cache()))
@@ -168,7 +140,7 @@ def test_int2_cache_moves_the_output(cls):
 
 
 @pytest.mark.parametrize("correction", ["taylor", "exact"])
-def test_correction_touches_cached_scores_only(correction):
+def test_correction_touches_cached_scores_only(correction, make_adapter, int2_cache):
     """(c) Correction changes nothing without cached keys in view, and something with them."""
     plain = make_adapter(cache=int2_cache())
     fixed = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction=correction))
@@ -185,7 +157,7 @@ def test_correction_touches_cached_scores_only(correction):
     assert torch.allclose(run_chunks(fixed)[2], out_plain[2], atol=1e-5)
 
 
-def test_kv_range_is_honoured():
+def test_kv_range_is_honoured(make_adapter, int2_cache):
     """(f) kv_range=0 equals attending to an empty cache; kv_range=1 everywhere equals a one-chunk window."""
     adapter = make_adapter(cache=int2_cache())
     run_chunks(adapter, n=3)
@@ -203,7 +175,7 @@ def test_kv_range_is_honoured():
         adapter.denoise(noisy, 0.5, 3, kv_range=-1)
 
 
-def test_cfg_branches_have_separate_caches():
+def test_cfg_branches_have_separate_caches(make_adapter):
     adapter = make_adapter()
     run_chunks(adapter, n=2, branch="cond")
     assert [c.num_committed for c in adapter.caches("cond")] == [2, 2]
@@ -212,7 +184,7 @@ def test_cfg_branches_have_separate_caches():
         adapter.denoise(chunks(1, 0)[0], 0.5, 0, "other")
 
 
-def test_probes_recorded_per_layer_and_step():
+def test_probes_recorded_per_layer_and_step(make_adapter, int2_cache):
     adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor", probes=True))
     clean, noisy = chunks(2, 1), chunks(2, 2)
     for c in range(2):
@@ -230,12 +202,12 @@ def test_probes_recorded_per_layer_and_step():
     assert make_adapter().probes() is None
 
 
-def test_commits_must_come_in_order_and_settings_are_checked():
+def test_commits_must_come_in_order_and_settings_are_checked(make_adapter):
     adapter = make_adapter()
     with pytest.raises(ValueError, match="chunk_index=1"):
         adapter.commit(chunks(1, 0)[0], 1, "cond")
     with pytest.raises(ValueError, match="backend"):
-        make_adapter(attention=AttentionSettings(backend="triton"))
+        make_adapter(attention=AttentionSettings(backend="no_such_kernel"))
     with pytest.raises(ValueError, match="correction"):
         make_adapter(attention=AttentionSettings(correction="linear"))
     with pytest.raises(ValueError, match="group_size|head_dim"):
@@ -244,7 +216,7 @@ def test_commits_must_come_in_order_and_settings_are_checked():
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("backend", ["reference", "flex"])
-def test_attention_backends_agree(backend):
+def test_attention_backends_agree(backend, make_adapter, int2_cache):
     """The config switch reaches the suite's other attention paths (flex runs eagerly on CPU)."""
     fast = run_chunks(make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor")))
     other = run_chunks(make_adapter(cache=int2_cache(), attention=AttentionSettings(backend=backend,
@@ -252,165 +224,136 @@ def test_attention_backends_agree(backend):
     assert all(rel_err(f, r) < 1e-4 for f, r in zip(fast, other))
 
 
-def test_bf16_cast_keeps_diffusers_fp32_modules():
-    model = cast_like_diffusers(SkyReelsV2Transformer3DModel(**TEST_CONFIG), torch.bfloat16)
-    dtypes = {name: p.dtype for name, p in model.named_parameters()}
-    assert dtypes["scale_shift_table"] == dtypes["blocks.0.scale_shift_table"] == torch.float32
-    assert dtypes["condition_embedder.time_embedder.linear_1.weight"] == torch.float32
-    assert dtypes["blocks.0.attn1.to_q.weight"] == dtypes["proj_out.weight"] == torch.bfloat16
-    assert model.rope.freqs_cos.dtype == SkyReelsV2Transformer3DModel(**TEST_CONFIG).rope.freqs_cos.dtype  # untouched
+# --- kv_range limits above what the cache shows --------------------------------------------------------------
+
+@pytest.mark.parametrize("visible, limit", [(2, 3), (3, 4), (3, 5), (1, 2), (3, 3)])
+def test_a_limit_above_the_visible_count_shows_every_cached_chunk(visible, limit):
+    segments = [object() for _ in range(visible)]
+    assert limit_kv_range(segments, limit) == segments
+    assert limit_kv_range(segments, visible - 1) == segments[1:]
+    assert limit_kv_range(segments, 0) == [] and limit_kv_range(segments, None) == segments
 
 
-# --- configs and loaders --------------------------------------------------------------------------------
-
-def _no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-
-
-def test_missing_hub_weights_give_a_clear_error_without_network(tmp_path, monkeypatch):
-    """(e) A Hub id absent from the (empty) cache: MissingWeightsError naming the id, the cache and the fix."""
-    _no_network(monkeypatch)
-    cfg = {"kind": "diffusers", "transformer_class": "SkyReelsV2Transformer3DModel", "height": 544, "width": 960,
-           "path": "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers", "cache_dir": str(tmp_path)}
-    with pytest.raises(MissingWeightsError) as err:
-        build_adapter(cfg)
-    message = str(err.value)
-    assert "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers" in message
-    assert str(tmp_path) in message and "make fetch-weights" in message
+@pytest.mark.parametrize("cached, limit", [(2, 3), (3, 4), (3, 5)])
+def test_denoise_with_a_limit_above_the_cache_equals_no_limit(cached, limit, make_adapter, int2_cache,
+                                                              attention_spy):
+    """2 or 3 cached chunks and kv_range 3..5: every cached chunk is in view, as with no limit at all."""
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(backend="spy"))
+    run_chunks(adapter, n=cached)
+    noisy = chunks(1, 7)[0]
+    attention_spy.calls.clear()
+    limited = adapter.denoise(noisy, 0.5, cached, kv_range=limit)
+    assert [len(call[3]) for call in attention_spy.calls] == [cached, cached]  # per layer
+    assert torch.equal(limited, adapter.denoise(noisy, 0.5, cached))
 
 
-def test_missing_local_folder_and_subfolder_errors(tmp_path, monkeypatch):
-    _no_network(monkeypatch)
-    missing = tmp_path / "nope"
-    cfg = {"kind": "diffusers", "transformer_class": "WanTransformer3DModel", "height": 480, "width": 832, "path": str(missing)}
-    with pytest.raises(MissingWeightsError, match="nope.*make fetch-weights"):
-        build_adapter(cfg)
-    (tmp_path / "model").mkdir()
-    with pytest.raises(MissingWeightsError, match="transformer"):
-        build_adapter({**cfg, "path": str(tmp_path / "model")})
-    with pytest.raises(MissingWeightsError, match="self_forcing_dmd.pt"):
-        load_original_wan_checkpoint(tmp_path / "self_forcing_dmd.pt", "generator_ema")
+def test_a_temporal_patch_is_refused_at_construction(tiny_wan_model):
+    model = tiny_wan_model(patch_size=(2, 2, 2))
+    with pytest.raises(ValueError, match=r"patch_size=\(2, 2, 2\) is not allowed.*temporal patch size must be 1"):
+        ChunkwiseAdapter(model, encode_prompt, FRAME, GenerationConfig(frames_per_chunk=FPC, steps=2),
+                         CacheConfig(key=QuantConfig(method="none"), value=QuantConfig(method="none")))
 
 
-def test_model_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="model.kind='nope'"):
-        build_adapter({"kind": "nope"})
-    with pytest.raises(ValueError, match="stepz"):
-        build_adapter({"kind": "diffusers", "transformer_class": "WanTransformer3DModel", "path": "x/y", "stepz": 3})
-    with pytest.raises(ValueError, match="model.height=None"):
-        build_adapter({"kind": "diffusers", "transformer_class": "WanTransformer3DModel", "path": "x/y"})
+class BandMaskedStockProcessor:
+    """diffusers' own attention processor, fed the oracle's (1, 1, S, S) mask instead of the model's."""
+
+    def __init__(self, stock, holder: dict):
+        self.stock, self.holder = stock, holder
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None,
+                 **kwargs):
+        return self.stock(attn, hidden_states, encoder_hidden_states, self.holder["mask"], rotary_emb, **kwargs)
 
 
-def _to_original_wan_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Invert diffusers' Wan key renaming (the layout of Wan / Self-Forcing checkpoints)."""
-    renames = [("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
-               ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
-               ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
-               ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
-               ("condition_embedder.time_proj", "time_projection.1"), ("attn2", "cross_attn"), ("attn1", "self_attn"),
-               (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."),
-               ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"),
-               ("norm2", "norm__tmp"), ("norm3", "norm2"), ("norm__tmp", "norm3")]
-    out = {}
-    for name, tensor in state.items():
-        for new, old in renames:
-            name = name.replace(new, old)
-        if name == "scale_shift_table":
-            name = "head.modulation"
-        elif name.startswith("proj_out"):
-            name = name.replace("proj_out", "head.head")
-        name = name.replace("scale_shift_table", "modulation")
-        out[name] = tensor
-    return out
+def band_mask(limits: list[int | None], tokens_per_chunk: int) -> torch.Tensor:
+    """(1, 1, S, S) bool: chunk i sees chunk j iff j <= i and i - j <= limits[i] (None: no limit)."""
+    n = len(limits)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    limit = torch.tensor([n if x is None else x for x in limits])[:, None]  # (n, 1)
+    chunk_mask = (j <= i) & (i - j <= limit)  # (n, n)
+    return chunk_mask.repeat_interleave(tokens_per_chunk, 0).repeat_interleave(tokens_per_chunk, 1)[None, None]
 
 
-def test_self_forcing_style_checkpoint_loads_into_diffusers_wan(tmp_path):
-    """An original-format checkpoint (Self-Forcing: {"generator_ema": {"model.<wan key>": ...}}) round-trips."""
-    torch.manual_seed(3)
-    source = WanTransformer3DModel(**TEST_CONFIG)
-    ckpt = {"generator_ema": {f"model.{k}": v for k, v in _to_original_wan_names(source.state_dict()).items()}}
-    torch.save(ckpt, tmp_path / "self_forcing_dmd.pt")
-    state = load_original_wan_checkpoint(tmp_path / "self_forcing_dmd.pt", "generator_ema")
-    target = WanTransformer3DModel(**TEST_CONFIG)
-    target.load_state_dict(state, strict=True)
-    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
-    with pytest.raises(ValueError, match="checkpoint_key='generator'"):
-        load_original_wan_checkpoint(tmp_path / "self_forcing_dmd.pt", "generator")
+def stock_oracle_latents(model: torch.nn.Module, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
+    """Generation by definition, with no cache and no processor of ours: each tick is one forward of the stock
+    diffusers model over [committed clean chunks at t = 0, in-flight chunks at their own t], its self-attention
+    masked so that every chunk sees the chunks its limit allows (commit_kv_range for committed chunks, the
+    stage's kv_range for in-flight ones, counted back from itself). Euler, no CFG. (1, C, F_total, H, W)."""
+    from jensenkv.generate import flow_sigmas
+
+    holder: dict = {}
+    model.set_attn_processor({name: BandMaskedStockProcessor(proc, holder) if ".attn1." in name else proc
+                              for name, proc in model.attn_processors.items()})
+    embeds = encode_prompt([prompt])  # (1, L, text_dim)
+    sigmas = flow_sigmas(cfg.steps, cfg.shift).tolist()
+    gen = torch.Generator().manual_seed(seed)
+    fpc, lag = cfg.frames_per_chunk, cfg.steps // cfg.window_size
+    tokens_per_frame = FRAME[1] * FRAME[2] // 4  # patch (1, 2, 2)
+    clean: list[torch.Tensor] = []
+    noisy: dict[int, torch.Tensor] = {}
+    tick = 0
+    while len(clean) < cfg.num_chunks:
+        if tick % lag == 0 and tick // lag < cfg.num_chunks:
+            noisy[tick // lag] = torch.randn((1, FRAME[0], fpc, *FRAME[1:]), generator=gen)
+        order = sorted(noisy)
+        steps = [tick - i * lag for i in order]
+        holder["mask"] = band_mask([cfg.commit_kv_range] * len(clean) + [cfg.kv_range_at(s) for s in steps],
+                                   fpc * tokens_per_frame)
+        t_frames = torch.tensor([0.0] * (len(clean) * fpc) + [sigmas[s] for s in steps for _ in range(fpc)])[None]
+        timestep = t_frames * 1000.0  # (1, F)
+        kwargs = {}
+        if isinstance(model, SkyReelsV2Transformer3DModel):
+            kwargs["enable_diffusion_forcing"] = True
+        else:
+            timestep = timestep.repeat_interleave(tokens_per_frame, dim=1)  # (1, S): per token
+        with torch.no_grad():
+            v = model(hidden_states=torch.cat([*clean, *(noisy[i] for i in order)], dim=2), timestep=timestep,
+                      encoder_hidden_states=embeds, return_dict=False, **kwargs)[0]
+        v = v[:, :, len(clean) * fpc:]  # (1, C, n*F, H, W): the in-flight chunks
+        for j, (i, s) in enumerate(zip(order, steps)):
+            noisy[i] = noisy[i] + (sigmas[s + 1] - sigmas[s]) * v[:, :, j * fpc:(j + 1) * fpc]
+        if steps[0] == cfg.steps - 1:
+            clean.append(noisy.pop(order[0]))
+        tick += 1
+    return torch.cat(clean, dim=2)
 
 
-# --- the shipped model configs --------------------------------------------------------------------------
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
-
-
-def _model_config(name: str, *overrides: str) -> dict:
-    cfg = OmegaConf.merge(OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), OmegaConf.from_dotlist(list(overrides)))
-    return OmegaConf.to_container(cfg, resolve=True)  # {"model": ..., "generation": ...}
-
-
-@pytest.mark.parametrize("name", ["skyreels_v2_df_1_3b", "self_forcing_wan_1_3b"])
-def test_real_model_configs_are_valid_and_fail_cleanly_without_weights(name, tmp_path, monkeypatch):
-    _no_network(monkeypatch)
-    cfg = _model_config(name, f"model.cache_dir={tmp_path}", "generation.num_chunks=2")
-    generation = GenerationConfig(**cfg["generation"])
-    assert generation.num_chunks == 2
-    with pytest.raises(MissingWeightsError, match="make fetch-weights"):
-        build_adapter(cfg["model"], generation=generation)
+KV_LIMIT_CASES = {
+    # MAGI-1's stage schedule one chunk at a time: stage kv_range 3 and 4 meet 2 and 3 cached chunks
+    "staged": dict(num_chunks=5, steps=4, kv_range=(4, 3, 2, 1)),
+    # two chunks in flight: the younger one's cache limit (3 or 2) meets 2 cached chunks
+    "staircase2": dict(num_chunks=5, steps=4, window_size=2, kv_range=(4, 3, 2, 1)),
+    # MAGI-1's 4.5B staircase (window 4, noise2clean_kvrange [5, 4, 3, 2])
+    "staircase4": dict(num_chunks=6, steps=4, window_size=4, kv_range=(4, 3, 2, 1)),
+    # the commit pass: limit 3 meets 2 cached chunks when chunk 2 is committed (and hides chunk 0 from chunk 4's)
+    "commit": dict(num_chunks=6, steps=2, commit_kv_range=3),
+    "commit_and_stages": dict(num_chunks=5, steps=4, window_size=2, kv_range=(None, 2), commit_kv_range=3),
+}
 
 
-def test_tiny_config_builds_from_the_config_tree(tmp_path):
-    from jensenkv.run import build_spec, compose_config
-
-    write_random_tiny_weights(tmp_path / "weights", steps=2, num_chunks=2)
-    spec = build_spec(compose_config([f"model.weights_dir={tmp_path / 'weights'}", "model.device=cpu",
-                                      "generation.steps=2", "generation.num_chunks=2", "generation.kv_range=[1,0]"]))
-    adapter = build_adapter(spec.model, generation=spec.generation)
-    assert (adapter.generation.steps, adapter.generation.num_chunks, adapter.generation.kv_range) == (2, 2, [1, 0])
-    assert adapter.latent_frame_shape == (3, 16, 16) and adapter.clean_range == (-1.0, 1.0)
-    result = generate_video(adapter, "a red square", seed=0)
-    assert result.video.shape == (4, 3, 16, 16)
-    with pytest.raises(FileNotFoundError, match="make train-tiny"):
-        build_adapter({"kind": "tiny", "weights_dir": str(tmp_path / "empty")})
+def amplify_self_attention(model: torch.nn.Module, factor: float = 10.0) -> torch.nn.Module:
+    """At random init the self-attention output barely moves the residual stream, so a chunk hidden from a
+    commit pass changes the video by ~1e-5; scaling attn1's output projection makes a wrong limit show."""
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn1.to_out[0].weight.mul_(factor)
+    return model
 
 
-def _save_tiny_diffusers_folder(folder: Path, class_name: str) -> None:
-    """A complete diffusers-layout model folder at test sizes: transformer, Wan VAE, UMT5 and its tokenizer."""
-    from diffusers import AutoencoderKLWan
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+@pytest.mark.parametrize("case", KV_LIMIT_CASES)
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_kv_limited_generation_matches_a_stock_diffusers_oracle(cls, case, tiny_wan_adapter, tiny_wan_model):
+    """Unquantized cache: chunk-wise generation under kv_range / commit_kv_range limits, including limits
+    above the number of chunks the cache holds, equals the stock model's masked full-sequence forwards."""
+    from jensenkv.generate import generate_video
 
-    torch.manual_seed(0)
-    cls = {"SkyReelsV2Transformer3DModel": SkyReelsV2Transformer3DModel, "WanTransformer3DModel": WanTransformer3DModel}
-    cls[class_name](**{**TEST_CONFIG, "in_channels": 16, "out_channels": 16, "text_dim": 32}).save_pretrained(
-        folder / "transformer")
-    AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                     temperal_downsample=[False, True, True]).save_pretrained(folder / "vae")
-    UMT5EncoderModel(UMT5Config(vocab_size=32, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                                relative_attention_num_buckets=8)).save_pretrained(folder / "text_encoder")
-    words = ["<pad>", "</s>", "<unk>", "a", "red", "square", "moving", "left"]
-    core = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    core.pre_tokenizer = Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(folder / "tokenizer")
-
-
-@pytest.mark.parametrize("class_name", ["SkyReelsV2Transformer3DModel", "WanTransformer3DModel"])
-def test_diffusers_folder_loads_offline_and_generates(class_name, tmp_path, monkeypatch):
-    _save_tiny_diffusers_folder(tmp_path / "model", class_name)
-    _no_network(monkeypatch)
-    cfg = _model_config("skyreels_v2_df_1_3b", f"model.transformer_class={class_name}", f"model.path={tmp_path / 'model'}",
-                        "model.height=32", "model.width=32", "model.dtype=float32", "model.device=cpu",
-                        "model.max_sequence_length=8", "generation.num_chunks=2", "generation.frames_per_chunk=2",
-                        "generation.steps=2", "generation.guidance_scale=2.0")
-    adapter = build_adapter(cfg["model"], cache=int2_cache(), generation=GenerationConfig(**cfg["generation"]))
-    assert type(adapter.transformer).__name__ == class_name and adapter.latent_frame_shape == (16, 4, 4)
-    result = generate_video(adapter, "a red square moving left", seed=1)
-    assert result.latents.shape == (1, 16, 4, 4, 4)
-    assert result.video.shape == (13, 3, 32, 32)  # Wan VAE: 1 + 4 * (4 - 1) frames, 8x upsampling
-    assert 0.0 <= float(result.video.min()) and float(result.video.max()) <= 1.0
+    cfg = GenerationConfig(frames_per_chunk=FPC, shift=2.0, **KV_LIMIT_CASES[case])
+    adapter = tiny_wan_adapter(cls, generation=cfg)
+    amplify_self_attention(adapter.transformer)
+    ours = generate_video(adapter, "a red square", seed=3).latents
+    oracle = stock_oracle_latents(amplify_self_attention(tiny_wan_model(cls)).eval(), "a red square", 3, cfg)
+    assert rel_err(ours, oracle) < 1e-5  # float32 rounding: about 1e-7
+    unlimited = generate_video(adapter, "a red square", seed=3,
+                               config=GenerationConfig(frames_per_chunk=FPC, shift=2.0, num_chunks=cfg.num_chunks,
+                                                       steps=cfg.steps, window_size=cfg.window_size)).latents
+    assert rel_err(unlimited, oracle) > 1e-4  # the limits matter: the oracle notices a wrong one

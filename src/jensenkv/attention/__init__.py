@@ -2,22 +2,26 @@
 
 reference_attention is the oracle; cached_attention the fast CPU path (one SDPA call);
 flex_cached_attention the FlexAttention path (compiled on GPU); attention_probes the diagnostics.
+ATTENTION_BACKENDS / get_backend choose among the kernels by name.
 """
 from __future__ import annotations
 
 from jensenkv.attention._inputs import CORRECTIONS, SegmentLike
+from jensenkv.attention.backends import ATTENTION_BACKENDS, get_backend
 from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
 from jensenkv.attention.probes import PROBE_KEYS, attention_probes, jensen_shannon
 from jensenkv.attention.reference import reference_attention
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "CORRECTIONS",
     "PROBE_KEYS",
     "SegmentLike",
     "attention_probes",
     "cached_attention",
     "flex_cached_attention",
+    "get_backend",
     "jensen_shannon",
     "reference_attention",
 ]

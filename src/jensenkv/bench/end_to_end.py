@@ -31,6 +31,8 @@ def end_to_end_rows(
     if baseline not in adapters:
         raise ValueError(f"baseline={baseline!r} is not allowed: choose one of {sorted(adapters)}")
     shares: dict[str, list[tuple[float, float]]] = {name: [] for name in adapters}
+    for adapter in adapters.values():
+        adapter.time_quantize = True  # commit timing is opt-in (it synchronizes the device)
 
     def run(name: str) -> Callable[[], None]:
         def call() -> None:

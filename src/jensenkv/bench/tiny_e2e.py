@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
 
 from jensenkv.bench.quant_configs import key_value_configs
 from jensenkv.cache import CacheConfig
@@ -18,7 +17,6 @@ from jensenkv.models.registry import build_adapter
 from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY_CONFIG = ROOT / "configs" / "model" / "tiny.yaml"
 PROMPT = "a red circle moving right on a dark background"
 BASELINE = "bf16"
 VARIANTS = (("bf16", "none"), ("rtn-int2-g32", "none"), ("rtn-int2-g32", "taylor"), ("rtn-int2-g32", "exact"))
@@ -38,13 +36,15 @@ def tiny_adapters(quick: bool) -> tuple[dict[str, ChunkwiseAdapter], str, str, G
 
     quick: 2 chunks of 2 denoising steps instead of the model's defaults.
     """
-    model_cfg = yaml.safe_load(TINY_CONFIG.read_text())
-    model_cfg["device"] = "cpu"
+    from jensenkv.run import preset
+
+    spec = preset("model=tiny", "model.device=cpu")  # the same model and sampler as Table 1's runs
     adapters: dict[str, ChunkwiseAdapter] = {}
     for quant, correction in VARIANTS:
         attention = AttentionSettings(backend="cached", correction=correction)
-        adapters[variant_name(quant, correction)] = build_adapter(model_cfg, cache=_cache(quant), attention=attention)
-    generation = next(iter(adapters.values())).generation
+        adapters[variant_name(quant, correction)] = build_adapter(spec.model, cache=_cache(quant), attention=attention,
+                                                                  generation=spec.generation)
+    generation = spec.generation
     if quick:
         generation = replace(generation, num_chunks=2, steps=2, kv_range=None)
     c, h, w = next(iter(adapters.values())).latent_frame_shape

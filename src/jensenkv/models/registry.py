@@ -13,16 +13,15 @@ import torch
 
 from jensenkv.cache import CacheConfig
 from jensenkv.config import CacheSettings, GenerationConfig, ModelConfig
-from jensenkv.models.wan import (
-    AttentionSettings,
-    ChunkwiseAdapter,
-    cast_like_diffusers,
+from jensenkv.models.loaders import (
     T5PromptEncoder,
     WanVaeDecoder,
+    cast_like_diffusers,
     load_wan_transformer,
     require_subfolder,
     resolve_local_dir,
 )
+from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
 from jensenkv.quant.config import FLOAT_DTYPES
 
 

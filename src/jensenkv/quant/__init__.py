@@ -17,12 +17,14 @@ from jensenkv.quant.quantizers import (
 )
 from jensenkv.quant.qvg import QVGTensor
 from jensenkv.quant.rtn import GroupLayout, RTNTensor, rtn_quantize
+from jensenkv.quant.steps import GroupSteps
 from jensenkv.quant.tensors import FullPrecisionTensor, QuantizedTensor
 
 __all__ = [
     "FullPrecisionQuantizer",
     "FullPrecisionTensor",
     "GroupLayout",
+    "GroupSteps",
     "QVGQuantizer",
     "QVGTensor",
     "QuantConfig",

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from jensenkv.quant.rtn import RTNTensor
+from jensenkv.quant.steps import GroupSteps
 from jensenkv.quant.tensors import QuantizedTensor, tensor_nbytes
 
 if TYPE_CHECKING:
-    from jensenkv.correction import GroupSteps
     from jensenkv.quant.hadamard import RandomHadamard
 
 
@@ -84,6 +84,4 @@ class QVGTensor(QuantizedTensor):
         return x.reshape(b, h, s, d)
 
     def group_steps(self) -> GroupSteps:
-        from jensenkv.correction import GroupSteps
-
         return GroupSteps(step=self.residual.token_steps(), rotation=self.rotation)

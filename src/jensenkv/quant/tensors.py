@@ -7,14 +7,11 @@ ORIGINAL basis (it undoes the Hadamard rotation when one was applied before quan
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import torch
 
 from jensenkv.quant.hadamard import RandomHadamard
-
-if TYPE_CHECKING:  # runtime import is deferred: jensenkv.correction imports this package
-    from jensenkv.correction import GroupSteps
+from jensenkv.quant.steps import GroupSteps
 
 
 def tensor_nbytes(*tensors: torch.Tensor | None) -> int:

@@ -1,0 +1,32 @@
+"""The attention kernels the cached self-attention processor can use, chosen by name.
+
+A plain dict, as diffusers' ``dispatch_attention_fn`` keeps its backends: a new kernel (or a test's spy)
+is one more entry, e.g. ``ATTENTION_BACKENDS["triton"] = triton_cached_attention``. Every entry has the
+contract of ``reference_attention``: fn(q, k_cur, v_cur, segments, correction=..., strength=...) with
+q (B, H, Q, D), k_cur / v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from jensenkv.attention.cpu import cached_attention
+from jensenkv.attention.flex import flex_cached_attention
+from jensenkv.attention.reference import reference_attention
+
+AttentionFn = Callable[..., torch.Tensor]
+
+ATTENTION_BACKENDS: dict[str, AttentionFn] = {
+    "cached": cached_attention,  # fast CPU path: one SDPA call with the bias folded in
+    "reference": reference_attention,  # the readable float64 oracle
+    "flex": flex_cached_attention,  # FlexAttention (compiled on GPU)
+}
+
+
+def get_backend(name: str) -> AttentionFn:
+    """The kernel registered as ``name``; ValueError naming the registered ones otherwise."""
+    try:
+        return ATTENTION_BACKENDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"attention backend={name!r} is not allowed: use one of {tuple(ATTENTION_BACKENDS)}") from None

@@ -1,0 +1,249 @@
+"""The chunk-wise adapter: the model-facing API of the generator over a diffusers Wan-family transformer."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from diffusers import SkyReelsV2Transformer3DModel
+from diffusers.hooks import HookRegistry
+
+from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.generate import GenerationConfig, check_kv_range
+from jensenkv.models.loaders import TRANSFORMER_CLASSES
+from jensenkv.models.wan.processor import CachedSelfAttnProcessor
+from jensenkv.models.wan.rope import ROPE_HOOK_NAME, RopeFrameOffsetHook
+from jensenkv.models.wan.state import BRANCHES, AttentionSettings, ChunkState, InFlightChunk
+
+
+def pixel_decode(latents: torch.Tensor) -> torch.Tensor:
+    """Pixel-space models: (1, C, F, H, W) in [-1, 1] -> (F, C, H, W) in [0, 1]."""
+    return ((latents[0].permute(1, 0, 2, 3).float() + 1) / 2).clamp(0, 1)
+
+
+class ChunkwiseAdapter:
+    """A Wan-family transformer driven chunk by chunk over per-layer quantized KV caches.
+
+    Args:
+        transformer: a ``SkyReelsV2Transformer3DModel`` or ``WanTransformer3DModel``.
+        encode_prompt: list of prompts -> (B, L, text_dim) embeddings.
+        latent_frame_shape: (C, H, W) of one latent frame.
+        generation: the sampling defaults of this model (steps, shift, guidance, chunking, ...).
+        cache: the KV-cache settings (quantizers, sink / window); attention: see ``AttentionSettings``.
+        decode: (1, C, F, H, W) latents -> (F, 3, H', W') video in [0, 1] (default: pixel space).
+        clean_range: committed chunks are clamped to this range (pixel-space models; None for latents).
+        fps: SkyReels-V2 ``inject_sample_info`` models only (24 or 16).
+    """
+
+    def __init__(self, transformer: torch.nn.Module, encode_prompt: Callable[[list[str]], torch.Tensor],
+                 latent_frame_shape: tuple[int, int, int], generation: GenerationConfig, cache: CacheConfig,
+                 attention: AttentionSettings | None = None,
+                 decode: Callable[[torch.Tensor], torch.Tensor] = pixel_decode,
+                 clean_range: tuple[float, float] | None = None, fps: int = 24):
+        if not isinstance(transformer, tuple(TRANSFORMER_CLASSES.values())):
+            raise ValueError(f"transformer={type(transformer).__name__} is not allowed: use one of "
+                             f"{tuple(TRANSFORMER_CLASSES)}")
+        patch = tuple(transformer.config.patch_size)
+        if patch[0] != 1:
+            # Chunks, per-frame timesteps, the block-causal mask and the RoPE offset all count latent frames
+            # as token frames; a temporal patch would merge frames across those boundaries.
+            raise ValueError(f"patch_size={patch} is not allowed: the temporal patch size must be 1 "
+                             f"(got {patch[0]}); use patch_size (1, p_h, p_w)")
+        generation.validate()
+        self.transformer = transformer.eval()
+        self.is_skyreels = isinstance(transformer, SkyReelsV2Transformer3DModel)
+        self._stock_frames_per_block = getattr(transformer.config, "num_frame_per_block", None)
+        if self.is_skyreels and transformer.config.num_frame_per_block != 1:
+            # The processors own causality; a model-built mask would only cost an (S, S) tensor per forward.
+            transformer.register_to_config(num_frame_per_block=1)
+        self.encode_prompt = encode_prompt
+        self.latent_frame_shape = tuple(int(x) for x in latent_frame_shape)
+        self.generation = generation
+        self.decode_fn = decode
+        self.clean_range = clean_range
+        self.fps = fps
+        cfg = transformer.config
+        self.head_dim = int(cfg.attention_head_dim)
+        _, p_h, p_w = cfg.patch_size
+        _, h, w = self.latent_frame_shape
+        if h % p_h or w % p_w:
+            raise ValueError(f"latent frame size {h}x{w} is not allowed: it must be divisible by the patch {p_h}x{p_w}")
+        self.state = ChunkState()
+        attention = attention if attention is not None else AttentionSettings()
+        self.processors: list[CachedSelfAttnProcessor] = []
+        procs = {}
+        for name, proc in transformer.attn_processors.items():
+            if ".attn1." in name:
+                layer = int(name.split(".")[1])  # "blocks.{i}.attn1.processor"
+                procs[name] = CachedSelfAttnProcessor(layer, self.state, cache, self.head_dim, attention)
+                self.processors.append(procs[name])
+            else:
+                procs[name] = proc
+        transformer.set_attn_processor(procs)
+        registry = HookRegistry.check_if_exists_or_initialize(transformer.rope)
+        if registry.get_hook(ROPE_HOOK_NAME) is not None:  # an earlier adapter on this model: rebind to our state
+            registry.remove_hook(ROPE_HOOK_NAME)
+        registry.register_hook(RopeFrameOffsetHook(self.state), ROPE_HOOK_NAME)
+        self._prompt_embeds: dict[str, torch.Tensor] = {}
+        self._committed: dict[str, int] = {}  # branch -> chunks committed so far
+
+    # --- configuration -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.dtype  # diffusers' view: the compute dtype, not a kept-fp32 module's
+
+    @property
+    def time_quantize(self) -> bool:
+        """Whether commits time their quantization (``quantize_seconds``); off by default."""
+        return self.state.time_quantize
+
+    @time_quantize.setter
+    def time_quantize(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"time_quantize={value!r} is not allowed: it must be true or false")
+        self.state.time_quantize = value
+
+    @property
+    def quantize_seconds(self) -> float | None:
+        """Seconds spent quantizing on commit since ``reset``; None unless ``time_quantize`` is on."""
+        return self.state.quantize_seconds if self.state.time_quantize else None
+
+    def configure(self, cache: CacheConfig | None = None, attention: AttentionSettings | None = None) -> None:
+        """Change the cache and/or attention settings (clears the caches); the model stays loaded."""
+        for proc in self.processors:
+            proc.configure(cache if cache is not None else proc.cache_config,
+                           attention if attention is not None else proc.attention)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new video: empty caches, no probes, zero timers."""
+        for proc in self.processors:
+            proc.reset()
+        self.state.probe_records = []
+        self.state.quantize_seconds = 0.0
+        self._committed = {}
+
+    def caches(self, branch: str = "cond") -> list[ChunkedKVCache]:
+        """This branch's cache of every self-attention layer, in layer order."""
+        return [proc.cache(branch) for proc in self.processors]
+
+    def probes(self) -> list[dict] | None:
+        return list(self.state.probe_records) if any(p.attention.probes for p in self.processors) else None
+
+    def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None:
+        """Encode the conditional prompt (and the negative one for CFG's "uncond" branch)."""
+        prompts = [prompt] if negative_prompt is None else [prompt, negative_prompt]
+        embeds = self.encode_prompt(prompts).to(self.device, self.dtype)  # (n, L, text_dim)
+        self._prompt_embeds = {b: embeds[i:i + 1] for i, b in enumerate(BRANCHES[:len(prompts)])}
+
+    # --- forwards --------------------------------------------------------------------------------------
+    def _forward(self, latents: torch.Tensor, t_frames: torch.Tensor, branch: str) -> torch.Tensor:
+        """latents (1, C, F, H, W); t_frames (1, F) flow times in [0, 1] -> velocity (1, C, F, H, W) float32."""
+        if branch not in self._prompt_embeds:
+            raise ValueError(f"branch={branch!r} has no prompt: call set_prompt first "
+                             f"(with a negative prompt for 'uncond'); have {tuple(self._prompt_embeds)}")
+        b, _, f, h, w = latents.shape
+        _, p_h, p_w = self.transformer.config.patch_size
+        self.state.tokens_per_frame = (h // p_h) * (w // p_w)
+        timestep = (t_frames * 1000.0).to(self.device)  # (B, F) model timesteps
+        kwargs: dict[str, Any] = {}
+        if self.is_skyreels:
+            kwargs["enable_diffusion_forcing"] = True  # per-frame timesteps (B, F)
+            if self.transformer.config.inject_sample_info:
+                kwargs["fps"] = [0 if self.fps == 16 else 1] * b
+        elif bool((timestep == timestep[:, :1]).all()):
+            timestep = timestep[:, 0]  # (B,): one timestep for the whole input
+        else:
+            timestep = timestep.repeat_interleave(self.state.tokens_per_frame, dim=1)  # (B, S) per token
+        out = self.transformer(hidden_states=latents.to(self.device, self.dtype), timestep=timestep,
+                               encoder_hidden_states=self._prompt_embeds[branch], return_dict=False, **kwargs)[0]
+        return out.float()
+
+    def _set_state(self, mode: str, branch: str, window: tuple[InFlightChunk, ...], start_frame: int) -> None:
+        for chunk in window:
+            check_kv_range(chunk.kv_range)
+        s = self.state
+        s.mode, s.branch, s.window, s.start_frame = mode, branch, window, start_frame
+
+    @torch.no_grad()
+    def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str = "cond", *,
+                step: int | None = None, kv_range: int | None = None) -> torch.Tensor:
+        """Velocity of one noisy chunk (1, C, F, H, W) at flow time t, attending to the branch's cache.
+
+        Chunks are equally long, so the chunk starts at latent frame chunk_index * F (RoPE offset).
+        """
+        return self.denoise_window(chunk, [t], chunk_index, branch, steps=[step], kv_ranges=[kv_range])
+
+    @torch.no_grad()
+    def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int,
+                       branch: str = "cond", *, steps: Sequence[int | None] | None = None,
+                       kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor:
+        """Velocity of ``len(t)`` consecutive noisy chunks in one forward (a MAGI-1 staircase tick).
+
+        chunks: (1, C, n*F, H, W), oldest first, chunk j at flow time t[j] (denoising step steps[j]) and
+        attending to at most kv_ranges[j] preceding chunks (earlier in-flight ones first, then cached;
+        None: all). Returns (1, C, n*F, H, W) float32. With n = 1 this is ``denoise``.
+        """
+        n, frames = len(t), chunks.shape[2]
+        steps = [None] * n if steps is None else list(steps)
+        kv_ranges = [None] * n if kv_ranges is None else list(kv_ranges)
+        if n < 1 or frames % n:
+            raise ValueError(f"t with {n} entries is not allowed: it needs one flow time per chunk and the "
+                             f"{frames} frames must split into equal chunks")
+        for key, values in (("steps", steps), ("kv_ranges", kv_ranges)):
+            if len(values) != n:
+                raise ValueError(f"{key} with {len(values)} entries is not allowed: it needs one per chunk ({n})")
+        window = tuple(InFlightChunk(first_chunk_index + j, steps[j], kv_ranges[j]) for j in range(n))
+        frames_per_chunk = frames // n
+        self._set_state("cached", branch, window, first_chunk_index * frames_per_chunk)
+        t_frames = torch.tensor([float(x) for x in t]).repeat_interleave(frames_per_chunk)  # (n*F,)
+        return self._forward(chunks, t_frames.expand(chunks.shape[0], -1), branch)  # t_frames: (B, n*F)
+
+    @torch.no_grad()
+    def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str = "cond", *,
+               kv_range: int | None = None) -> None:
+        """Run the clean chunk (1, C, F, H, W) at t = 0 and append its K/V to every layer's cache."""
+        expected = self._committed.get(branch, 0)
+        if chunk_index != expected:
+            raise ValueError(f"chunk_index={chunk_index} is not allowed: chunks are committed in order and the "
+                             f"{branch!r} cache expects chunk {expected} next")
+        self._set_state("commit", branch, (InFlightChunk(chunk_index, None, kv_range),),
+                        chunk_index * clean_chunk.shape[2])
+        t_frames = torch.zeros(clean_chunk.shape[0], clean_chunk.shape[2])  # (B, F)
+        self._forward(clean_chunk, t_frames, branch)
+        self._committed[branch] = expected + 1
+
+    @torch.no_grad()
+    def forward_full(self, latents: torch.Tensor, t_frames: torch.Tensor, branch: str = "cond",
+                     frames_per_chunk: int | None = None) -> torch.Tensor:
+        """Reference: one forward over the whole sequence (1, C, F, H, W) with the block-causal mask.
+
+        t_frames: (1, F) flow time per frame; chunks of ``frames_per_chunk`` frames (default: the
+        generation config's). No cache is read or written.
+        """
+        fpc = frames_per_chunk or self.generation.frames_per_chunk
+        if latents.shape[2] % fpc:
+            raise ValueError(f"frames={latents.shape[2]} is not allowed: "
+                             f"it must be a multiple of frames_per_chunk={fpc}")
+        self._set_state("full", branch, (InFlightChunk(0),), 0)
+        self.state.frames_per_chunk = fpc
+        return self._forward(latents, t_frames, branch)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """(1, C, F, H, W) -> (F, 3, H', W') video in [0, 1]."""
+        return self.decode_fn(latents)
+
+    def remove(self) -> None:
+        """Restore the stock self-attention processors and remove the RoPE hook."""
+        procs = {f"{name}.processor": (type(m)._default_processor_cls() if name.endswith(".attn1") else m.processor)
+                 for name, m in self.transformer.named_modules() if hasattr(m, "get_processor")}
+        self.transformer.set_attn_processor(procs)
+        HookRegistry.check_if_exists_or_initialize(self.transformer.rope).remove_hook(ROPE_HOOK_NAME)
+        if self.is_skyreels:
+            self.transformer.register_to_config(num_frame_per_block=self._stock_frames_per_block)
+        self.processors = []
+

@@ -1,0 +1,131 @@
+"""Shared fixtures: tiny random-init Wan-family models, tiny built-in-model weights, a small real results store.
+
+No weights are downloaded: the Wan-family models are built at diffusers' own test sizes (patch (1, 2, 2),
+2 heads x head dim 12, 2 layers) from a fixed seed, and the built-in model's weights are random-init ones
+written in its on-disk format. What takes seconds to build (weights on disk, the results store) is
+session-scoped; adapters are cheap and built per test, since tests change their caches.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+WAN_TEST_CONFIG = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
+                   "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2,
+                   "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
+WAN_FRAME = (4, 16, 16)  # (C, H, W) of one latent frame of the tiny Wan-family models
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline_hub():
+    """Hugging Face libraries stay offline in every test (and in the subprocesses tests start)."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import, so set it too
+        yield
+
+
+def encode_prompt(prompts: list[str]) -> torch.Tensor:
+    """A deterministic stand-in text encoder: (B, 12, 16), seeded by the prompt text."""
+    return torch.stack([torch.randn(12, 16, generator=torch.Generator().manual_seed(zlib.crc32(p.encode())))
+                        for p in prompts])
+
+
+@pytest.fixture
+def wan_prompt_encoder() -> Callable[[list[str]], torch.Tensor]:
+    return encode_prompt
+
+
+@pytest.fixture
+def tiny_wan_model() -> Callable[..., torch.nn.Module]:
+    """Factory: ``make(cls=SkyReelsV2Transformer3DModel, seed=0, **overrides)``, a random-init transformer
+    at the test sizes; the same seed gives the same weights."""
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    def make(cls=SkyReelsV2Transformer3DModel, seed: int = 0, **overrides) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return cls(**{**WAN_TEST_CONFIG, **overrides})
+
+    return make
+
+
+@pytest.fixture
+def tiny_wan_adapter(tiny_wan_model):
+    """Factory: ``make(cls=..., cache=None, attention=None, generation=None, seed=0, **model_overrides)``, a
+    ChunkwiseAdapter over a fresh tiny transformer (float32 cache unless ``cache`` is given)."""
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    from jensenkv.generate import GenerationConfig
+    from jensenkv.models.registry import full_precision_cache
+    from jensenkv.models.wan import ChunkwiseAdapter
+
+    def make(cls=SkyReelsV2Transformer3DModel, cache=None, attention=None, generation=None, seed: int = 0,
+             **model_overrides):
+        generation = generation if generation is not None else GenerationConfig(frames_per_chunk=2, steps=2)
+        return ChunkwiseAdapter(tiny_wan_model(cls, seed, **model_overrides), encode_prompt, WAN_FRAME, generation,
+                                cache if cache is not None else full_precision_cache("float32"), attention)  # exact oracle checks
+
+    return make
+
+
+@pytest.fixture
+def int2_cache():
+    """Factory: an INT2 (group 4) key and value cache config; keywords go to CacheConfig."""
+    from jensenkv.cache import CacheConfig
+    from jensenkv.quant import QuantConfig
+
+    def make(**kwargs):
+        return CacheConfig(key=QuantConfig(bits=2, group_size=4), value=QuantConfig(bits=2, group_size=4), **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def attention_spy(monkeypatch):
+    """Register a recording kernel as attention backend "spy" (it wraps "cached" unless told otherwise).
+
+    ``spy.calls`` lists (q, k_cur, v_cur, segments) per call; ``spy.hook(fn)`` adds a callback run on
+    each call's arguments (e.g. to read the adapter's state at that moment).
+    """
+    from jensenkv.attention import ATTENTION_BACKENDS
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner, self.calls, self.hooks = inner, [], []
+
+        def hook(self, fn):
+            self.hooks.append(fn)
+
+        def __call__(self, q, k_cur, v_cur, segments, **kwargs):
+            self.calls.append((q, k_cur, v_cur, list(segments)))
+            for fn in self.hooks:
+                fn(q, k_cur, v_cur, segments)
+            return self.inner(q, k_cur, v_cur, segments, **kwargs)
+
+    spy = Spy(ATTENTION_BACKENDS["cached"])
+    monkeypatch.setitem(ATTENTION_BACKENDS, "spy", spy)
+    return spy
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory) -> Path:
+    """Random-init built-in-model weights (stored sampler: 2 steps, 2 chunks) for pipeline tests."""
+    from pipeline_testkit import write_random_tiny_weights
+
+    return write_random_tiny_weights(tmp_path_factory.mktemp("tiny") / "weights", steps=2, num_chunks=2)
+
+
+@pytest.fixture(scope="session")
+def results_store(tmp_path_factory, tiny_weights) -> Path:
+    """A real results store: every FIXTURE_RUNS setting run through the pipeline once (read-only for tests)."""
+    from pipeline_testkit import build_results_fixture
+
+    root = tmp_path_factory.mktemp("store")
+    build_results_fixture(root / "results", tiny_weights)
+    return root / "results"
