@@ -259,3 +259,10 @@ def test_bad_values_fail_in_one_line_naming_the_key(weights, override, key):
         precheck([f"model.weights_dir={weights}", override])
     message = str(err.value)
     assert key in message and "\n" not in message
+
+
+def test_calibration_prompts_are_disjoint_from_the_evaluation_prompts(weights):
+    """Fitted strengths are judged on prompts they never saw."""
+    calibration = set(_spec(weights, "eval=calibration").prompts)
+    evaluation = set(_spec(weights, "eval=default", "eval.num_prompts=null").prompts)
+    assert calibration and evaluation and not calibration & evaluation
