@@ -25,7 +25,7 @@ from jensenkv.models.wan import (
 )
 from jensenkv.quant import QuantConfig
 
-KINDS = ("tiny", "diffusers")
+KINDS = ("tiny", "diffusers", "magi")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERATION_KEYS = ("num_chunks", "frames_per_chunk", "steps", "shift", "guidance_scale", "sampler", "kv_range",
                    "commit_kv_range", "negative_prompt", "window_size")
@@ -100,6 +100,10 @@ def build_adapter(model_cfg: Mapping, cache: CacheConfig | None = None,
         return load_tiny_adapter(cache=cache, attention=attention, **cfg)
     if kind == "diffusers":
         return load_diffusers_adapter(cache=cache, attention=attention, **cfg)
+    if kind == "magi":
+        from jensenkv.models.magi.build import load_magi_adapter
+
+        return load_magi_adapter(cache=cache, attention=attention, **cfg)
     raise ValueError(f"model.kind={kind!r} is not allowed: use one of {KINDS} (or a Hydra _target_)")
 
 
