@@ -18,10 +18,10 @@ from jensenkv.models.magi.adapter import MagiChunkwiseAdapter
 from jensenkv.models.magi.config import MagiModelConfig, MagiSampling, model_preset
 from jensenkv.models.magi.model import MagiDiT
 from jensenkv.models.magi.text import TinyPromptEncoder
-from jensenkv.models.magi.vae import MagiVaeDecoder, ViTDecoder, ViTDecoderConfig
+from jensenkv.models.magi.vae import MagiVaeDecoder, Tiling, ViTDecoder, ViTDecoderConfig
 from jensenkv.models.wan import FETCH_HINT, AttentionSettings, MissingWeightsError
 
-MAGI_KEYS = ("preset", "variant", "path", "cache_dir", "height", "width", "latent_height", "latent_width", "seed",
+MAGI_KEYS = ("preset", "variant", "path", "cache_dir", "height", "width", "latent_height", "latent_width", "seed", "fps",
              "t5_path", "vae_path", "vae_dtype", "vae_latent_scale", "special_tokens_file", "special_tokens",
              "model_overrides", "magi")
 PRESET_VARIANTS = {"4.5B": "4.5B_base", "4.5B_distill": "4.5B_distill", "24B": "24B_base", "24B_distill": "24B_distill"}
@@ -60,10 +60,11 @@ def build_tiny_decoder(channels: int, seed: int = 0) -> MagiVaeDecoder:
             param.data.normal_(0, 0.2)
     finally:
         torch.random.set_rng_state(gen_state)
-    return MagiVaeDecoder(decoder)
+    return MagiVaeDecoder(decoder, latent_scale=1.0, tiling=None)
 
 
-def load_vae_decoder(folder: Path, dtype: torch.dtype, device: torch.device, latent_scale: float) -> MagiVaeDecoder:
+def load_vae_decoder(folder: Path, dtype: torch.dtype, device: torch.device, latent_scale: float = 0.18215,
+                     tiling: Tiling | None = Tiling(), chunk_frames: int | None = None) -> MagiVaeDecoder:
     """The official ViT VAE folder (config.json with ddconfig + safetensors weights) -> decoder only."""
     import json
 
@@ -81,7 +82,7 @@ def load_vae_decoder(folder: Path, dtype: torch.dtype, device: torch.device, lat
         state.update(load_file(str(file)))
     state = {k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}
     decoder.load_state_dict(state, strict=True)
-    return MagiVaeDecoder(decoder.to(device, dtype), latent_scale)
+    return MagiVaeDecoder(decoder.to(device, dtype), latent_scale, tiling, chunk_frames)
 
 
 def load_magi_adapter(cache: CacheConfig, attention: AttentionSettings | None = None, **cfg: Any) -> MagiChunkwiseAdapter:
@@ -132,9 +133,11 @@ def _load_real(preset: str, cfg: Mapping[str, Any], overrides: dict, device: tor
     keys = tuple(cfg.get("special_tokens") or ())
     tokens = load_special_tokens(cfg["special_tokens_file"]) if keys else None
     text = MagiT5PromptEncoder(tokenizer, encoder, mcfg.caption_max_length, tokens, keys)
+    fps = int(cfg.get("fps") or 24)
     decode = load_vae_decoder(Path(cfg.get("vae_path") or root / "ckpt" / "vae").expanduser(),
                               _dtype(cfg.get("vae_dtype"), "vae_dtype"), device,
-                              float(cfg.get("vae_latent_scale") or 1.0))
+                              float(cfg.get("vae_latent_scale") or 0.18215),
+                              Tiling(sample_length=fps // 2), generation.frames_per_chunk)
     height, width = int(cfg["height"]), int(cfg["width"])
     if height % (SPATIAL_DOWNSAMPLE * mcfg.patch_size) or width % (SPATIAL_DOWNSAMPLE * mcfg.patch_size):
         raise ValueError(f"model.height/width={height}x{width} is not allowed: both must be multiples of "

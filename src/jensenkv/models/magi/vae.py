@@ -3,8 +3,11 @@
 Latent (B, C, T, H, W) -> tokens -> ``proj_in`` -> [cls] + pos_embed (trilinearly resized when the latent
 grid differs from the trained one) -> ViT blocks -> norm -> (final_proj, final_norm) -> unpatchify
 (patch_length x patch_size x patch_size) -> Conv3d 3x3x3 -> RGB in about [-1, 1]. Parameter names match the
-official ``decoder.*`` keys. The official attention is flash-attn in bf16; here SDPA. The official decode
-also tiles (256 px, 16 frames, overlap 0.25) to bound memory; this decodes the whole latent at once.
+official ``decoder.*`` keys. The official attention is flash-attn in bf16; here SDPA.
+
+Decoding follows the official ``post_chunk_process``: each clean chunk separately, latents divided by
+``scale_factor`` (0.18215), in overlapping tiles (``TileProcessor.tiled_decode``: 256 x 256 px spatial tiles
+with overlap 0.25 and linear blending, fps // 2 = 12-frame temporal tiles without overlap).
 """
 from __future__ import annotations
 
@@ -141,19 +144,91 @@ class ViTDecoder(nn.Module):
         return self.last_layer(x)
 
 
-class MagiVaeDecoder:
-    """(1, C, F, H, W) latents -> (F*pT, 3, H*p, W*p) video in [0, 1] (official decode then (x + 1) / 2).
+@dataclass(frozen=True)
+class Tiling:
+    """The official tiled decode's settings, in pixels / video frames."""
 
-    latent_scale: latents are divided by it before decoding (the official decode path applies none: 1.0).
+    sample_height: int = 256
+    sample_width: int = 256
+    sample_length: int = 12       # runtime fps // 2
+    spatial_overlap: float = 0.25
+    temporal_overlap: float = 0.0
+
+
+def _blend(a: torch.Tensor, b: torch.Tensor, extent: int, dim: int) -> torch.Tensor:
+    """Linear cross-fade of b's first ``extent`` slices along ``dim`` with a's last ones (in place on b)."""
+    extent = min(a.shape[dim], b.shape[dim], extent)
+    for i in range(extent):
+        b.select(dim, i).copy_(a.select(dim, a.shape[dim] - extent + i) * (1 - i / extent) + b.select(dim, i) * (i / extent))
+    return b
+
+
+def tiled_decode(decode, z: torch.Tensor, tiling: Tiling, spatial_factor: int, temporal_factor: int) -> torch.Tensor:
+    """``TileProcessor.tiled_decode``: decode overlapping latent tiles, blend each with its raw decoded
+    predecessor (time, then height, then width) and crop; z (B, C, T, H, W) -> (B, 3, T', H', W')."""
+    lt = tiling.sample_length // temporal_factor
+    lh, lw = tiling.sample_height // spatial_factor, tiling.sample_width // spatial_factor
+    step_t, step_h = int(lt * (1 - tiling.temporal_overlap)), int(lh * (1 - tiling.spatial_overlap))
+    step_w = int(lw * (1 - tiling.spatial_overlap))
+    real_t, real_h, real_w = lt * temporal_factor, lh * spatial_factor, lw * spatial_factor
+    ext_t, ext_h = int(real_t * tiling.temporal_overlap), int(real_h * tiling.spatial_overlap)
+    ext_w = int(real_w * tiling.spatial_overlap)
+    counts = [(z.shape[2 + d] + s - 1) // s for d, s in enumerate((step_t, step_h, step_w))]
+    raw = {}
+    for f in range(counts[0]):
+        for i in range(counts[1]):
+            for j in range(counts[2]):
+                tile = z[:, :, f * step_t:f * step_t + lt, i * step_h:i * step_h + lh, j * step_w:j * step_w + lw]
+                raw[f, i, j] = decode(tile)
+    rows_t = []
+    for f in range(counts[0]):
+        rows_h = []
+        for i in range(counts[1]):
+            row = []
+            for j in range(counts[2]):
+                tile = raw[f, i, j].clone()
+                if f > 0:
+                    tile = _blend(raw[f - 1, i, j], tile, ext_t, 2)
+                if i > 0:
+                    tile = _blend(raw[f, i - 1, j], tile, ext_h, 3)
+                if j > 0:
+                    tile = _blend(raw[f, i, j - 1], tile, ext_w, 4)
+                row.append(tile[:, :, : real_t - ext_t, : real_h - ext_h, : real_w - ext_w])
+            rows_h.append(torch.cat(row, dim=4))
+        rows_t.append(torch.cat(rows_h, dim=3))
+    return torch.cat(rows_t, dim=2)
+
+
+class MagiVaeDecoder:
+    """(1, C, F, H, W) latents -> (F*pT, 3, H*p, W*p) video in [0, 1], as the official pipeline decodes:
+    chunk by chunk (``chunk_frames`` latent frames), latents / ``latent_scale``, tiled, then (x + 1) / 2.
+
+    tiling=None decodes each chunk whole (the tiny model).
     """
 
-    def __init__(self, decoder: ViTDecoder, latent_scale: float = 1.0):
+    def __init__(self, decoder: ViTDecoder, latent_scale: float = 0.18215, tiling: Tiling | None = Tiling(),
+                 chunk_frames: int | None = None):
         self.decoder = decoder.eval()
         self.latent_scale = latent_scale
+        self.tiling = tiling
+        self.chunk_frames = chunk_frames
+
+    def _decode_tile(self, z: torch.Tensor) -> torch.Tensor:
+        out = self.decoder(z)
+        return out[:, :, :1] if z.shape[2] == 1 else out  # the official decode keeps one frame of a 1-frame tile
 
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor) -> torch.Tensor:
         param = next(self.decoder.parameters())
-        z = (latents.float() / self.latent_scale).to(param.device, param.dtype)
-        video = self.decoder(z)[0].float()  # (3, F', H', W')
+        z = (latents.float() / self.latent_scale).to(param.device, param.dtype)  # (1, C, F, H, W)
+        step = self.chunk_frames or z.shape[2]
+        cfg = self.decoder.cfg
+        parts = []
+        for start in range(0, z.shape[2], step):
+            chunk = z[:, :, start:start + step]
+            if self.tiling is None:
+                parts.append(self._decode_tile(chunk))
+            else:
+                parts.append(tiled_decode(self._decode_tile, chunk, self.tiling, cfg.patch_size, cfg.patch_length))
+        video = torch.cat(parts, dim=2)[0].float()  # (3, F', H', W')
         return ((video.permute(1, 0, 2, 3) + 1) / 2).clamp(0, 1).cpu()
