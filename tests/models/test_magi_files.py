@@ -123,3 +123,10 @@ def test_tiled_decode_of_a_local_decoder_equals_the_untiled_decode():
     assert torch.allclose(out, local(z), atol=1e-6)
     shifted = tiled_decode(lambda t: local(t) + t.mean(), z, tiling, 2, 1)  # tile-dependent output: seams show
     assert not torch.allclose(shifted, local(z) + z.mean(), atol=1e-3)
+
+
+def test_prompt_cleaning_normalises_case_quotes_and_space():
+    from jensenkv.models.magi.text import clean_prompt
+
+    assert clean_prompt("  A “Red”  Ball\u2014rolls  ") == 'a "red" ball-rolls'
+    assert clean_prompt("a%20cat") == "a cat"

@@ -8,6 +8,8 @@ the chunks still to come, then the HQ token, then the caption) and truncates bac
 from __future__ import annotations
 
 import hashlib
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,18 @@ def pad_special_tokens(embeds: torch.Tensor, mask: torch.Tensor, keys: list[str]
     return out
 
 
+def clean_prompt(text: str) -> str:
+    """The part of the official caption cleaner (DeepFloyd-IF's ``clean_caption``) that changes plain prompts:
+    URL-unquote, lower case, one dash and quote style, collapsed whitespace. Its web-scrape filters (URLs,
+    HTML, ids, CJK ranges, shop phrases) are not ported: they leave ordinary prompts unchanged."""
+    text = urllib.parse.unquote_plus(str(text)).strip().lower()
+    text = re.sub(r"[\u002D\u058A\u05BE\u1400\u1806\u2010-\u2015\u2E17\u2E1A\u2E3A\u2E3B\u2E40\u301C\u3030\u30A0"
+                  r"\uFE31\uFE32\uFE58\uFE63\uFF0D]+", "-", text)
+    text = re.sub(r"[`´«»“”¨]", '"', text)
+    text = re.sub(r"[‘’]", "'", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
 class MagiT5PromptEncoder:
     """T5 encoder states of the prompt, padded to ``max_length`` (800), special tokens prepended per chunk."""
 
@@ -81,7 +95,7 @@ class MagiT5PromptEncoder:
 
     @torch.no_grad()
     def __call__(self, prompt: str, num_chunks: int) -> list[torch.Tensor]:
-        tok = self.tokenizer([prompt], max_length=self.max_length, padding="max_length", truncation=True,
+        tok = self.tokenizer([clean_prompt(prompt)], max_length=self.max_length, padding="max_length", truncation=True,
                              return_attention_mask=True, add_special_tokens=True, return_tensors="pt")
         device = next(self.text_encoder.parameters()).device
         states = self.text_encoder(input_ids=tok.input_ids.to(device),
