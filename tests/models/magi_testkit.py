@@ -11,7 +11,8 @@ from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 
 TINY = dict(kind="magi", preset="tiny", device="cpu", num_chunks=4, frames_per_chunk=2, steps=4, shift=3.0,
-            window_size=2, kv_range=[2, 1], commit_kv_range=0, latent_height=4, latent_width=4)
+            window_size=2, kv_range=[2, 1], commit_kv_range=0, latent_height=4, latent_width=4,
+            magi={"null_caption_tokens": 8})
 PROMPT = "a red ball rolls to the left"
 
 
@@ -24,7 +25,8 @@ def int2(group_size: int = 32) -> CacheConfig:
 
 
 def tiny_adapter(cache: CacheConfig | None = None, attention: AttentionSettings | None = None, **overrides):
-    return build_adapter({**TINY, **overrides}, cache=cache or full_precision(), attention=attention)
+    magi = {**TINY["magi"], **overrides.pop("magi", {})}
+    return build_adapter({**TINY, **overrides, "magi": magi}, cache=cache or full_precision(), attention=attention)
 
 
 @dataclass

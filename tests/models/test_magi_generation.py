@@ -66,3 +66,8 @@ def test_bad_settings_are_refused():
         tiny_adapter().set_prompt(PROMPT, "blurry")
     with pytest.raises(ValueError, match="not allowed"):
         tiny_adapter(unknown_key=1)
+
+
+def test_null_caption_longer_than_the_table_is_refused():
+    with pytest.raises(ValueError, match="null_caption_tokens"):
+        tiny_adapter(magi={"null_caption_tokens": 17})

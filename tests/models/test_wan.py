@@ -297,8 +297,8 @@ def test_missing_local_folder_and_subfolder_errors(tmp_path, monkeypatch):
 
 
 def test_model_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="kind='magi'"):
-        build_adapter({"kind": "magi"})
+    with pytest.raises(ValueError, match="kind='no_such_kind'"):
+        build_adapter({"kind": "no_such_kind"})
     with pytest.raises(ValueError, match="stepz"):
         build_adapter({"kind": "diffusers", "class": "WanTransformer3DModel", "path": "x/y", "stepz": 3})
     with pytest.raises(ValueError, match="model.height is missing"):

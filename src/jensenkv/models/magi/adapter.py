@@ -50,6 +50,9 @@ class MagiChunkwiseAdapter:
         if generation.guidance_scale != 1.0:
             raise ValueError(f"guidance_scale={generation.guidance_scale!r} is not allowed for MAGI-1: guidance is "
                              "magi.cfg_number with magi.prev_chunk_scales / text_scales; set guidance_scale to 1")
+        if sampling.null_caption_tokens > model.config.caption_max_length:
+            raise ValueError(f"magi.null_caption_tokens={sampling.null_caption_tokens} is not allowed: the null caption "
+                             f"has caption_max_length={model.config.caption_max_length} rows")
         if model.config.distill and generation.steps == 12:
             raise ValueError("steps=12 is not allowed for a distilled MAGI-1 here: its shortcut schedule "
                              "(shortcut_mode) is not ported; use 8, 16, 32 or 64")
