@@ -71,3 +71,13 @@ def test_bad_settings_are_refused():
 def test_null_caption_longer_than_the_table_is_refused():
     with pytest.raises(ValueError, match="null_caption_tokens"):
         tiny_adapter(magi={"null_caption_tokens": 17})
+
+
+def test_distill_step_embedding_follows_the_official_rule_unless_set():
+    distilled = {"model_overrides": {"distill": True}, "magi": {"cfg_number": 1}}
+    assert tiny_adapter(**distilled).distill_dt() == 4 / 4 * 2
+    assert tiny_adapter(**{**distilled, "magi": {"cfg_number": 1, "distill_dt": 3.0}}).distill_dt() == 3.0
+    assert tiny_adapter().distill_dt() is None
+    a = generate_video(tiny_adapter(**distilled), PROMPT, seed=0).latents
+    b = generate_video(tiny_adapter(**{**distilled, "magi": {"cfg_number": 1, "distill_dt": 3.0}}), PROMPT, seed=0)
+    assert not torch.allclose(a, b.latents)  # the step embedding reaches the model

@@ -123,8 +123,11 @@ class MagiChunkwiseAdapter:
         return self._captions[min(chunk_index, len(self._captions) - 1)]
 
     def distill_dt(self) -> float | None:
-        """Distilled models' shortcut embedding input: steps / 4 * 2 (the official non-12-step rule)."""
-        return self.generation.steps / 4 * 2 if self.model.config.distill else None
+        """Distilled models' shortcut embedding input: magi.distill_dt, or steps / 4 * 2 (the official
+        non-12-step rule)."""
+        if not self.model.config.distill:
+            return None
+        return self.sampling.distill_dt if self.sampling.distill_dt is not None else self.generation.steps / 4 * 2
 
     # --- forwards ----------------------------------------------------------------------------------------
     def _run(self, x: torch.Tensor, t: Sequence[float], captions: list[torch.Tensor], dropped: Sequence[bool],

@@ -153,6 +153,7 @@ class MagiSampling:
     distill_nearly_clean_chunk_threshold: float | None = 0.3
     distill_prev_chunks_scale: float = 0.7
     null_caption_tokens: int = 50       # valid tokens of the null caption in cross-attention
+    distill_dt: float | None = None     # distilled models' shortcut step input; None: steps / 4 * 2 (official)
 
     def __post_init__(self) -> None:
         for key in ("cfg_t_range", "prev_chunk_scales", "text_scales"):
