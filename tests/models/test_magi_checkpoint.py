@@ -59,3 +59,28 @@ def test_wrong_preset_and_missing_files_are_named(tmp_path):
         weights_dir(tmp_path, "24B_base")
     with pytest.raises(MissingWeightsError, match="Hugging Face cache"):
         resolve_root("sand-ai/MAGI-1", cache_dir=tmp_path / "empty-cache")
+
+
+def test_real_config_stops_on_each_missing_file_naming_it(tmp_path, monkeypatch):
+    """configs/model/magi1_4_5b.yaml with no files: the Hub cache, then (with a local DiT of the preset's
+    layout, shrunk through model_overrides) the T5 folder, each named."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from jensenkv.models.magi.config import model_preset
+    from jensenkv.models.registry import build_adapter
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/magi1_4_5b.yaml"),
+                                 resolve=True)
+    cfg.update(device="cpu", dtype="float32", cache_dir=str(tmp_path / "hub"))
+    with pytest.raises(MissingWeightsError, match="Hugging Face cache"):
+        build_adapter(cfg)
+    tiny = asdict(model_preset("tiny"))
+    shrink = {k: v for k, v in tiny.items() if v != getattr(model_preset("4.5B"), k)}
+    save_official(build_tiny(seed=0), tmp_path / "ckpt" / "magi" / "4.5B_base" / "inference_weight")
+    cfg.update(path=str(tmp_path), model_overrides=shrink)
+    with pytest.raises(MissingWeightsError, match="t5-v1_1-xxl"):
+        build_adapter(cfg)
