@@ -76,6 +76,7 @@ VBENCH_PACKAGES = {"background_consistency": ("clip", "openai-clip"), "aesthetic
                    "human_action": ("clip", "openai-clip"), "imaging_quality": ("pyiqa", "pyiqa")}
 # Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
 CHECKPOINT_SOURCES = {"self_forcing_dmd.pt": ("gdhe17/Self-Forcing", "checkpoints/self_forcing_dmd.pt")}
+MAGI_SPECIAL_TOKENS_URL = "https://raw.githubusercontent.com/SandAI-org/MAGI-1/main/example/assets/special_tokens.npz"
 
 
 @dataclass
@@ -86,17 +87,21 @@ class Item:
     target: Path
     source: str
     kind: str = "file"  # file | zip-dir (GitHub archive -> folder) | zip-raft | hf-snapshot | hf-file
+    patterns: tuple[str, ...] | None = None  # hf-snapshot: only these files of the repo (MAGI-1: one variant)
 
     @property
     def present(self) -> bool:
-        return self.target.exists() if self.kind != "hf-snapshot" else _snapshot_present(self.source, self.target)
+        if self.kind != "hf-snapshot":
+            return self.target.exists()
+        return _snapshot_present(self.source, self.target, self.patterns)
 
 
-def _snapshot_present(repo_id: str, cache_dir: Path) -> bool:
+def _snapshot_present(repo_id: str, cache_dir: Path, patterns: tuple[str, ...] | None = None) -> bool:
     from huggingface_hub import snapshot_download
 
     try:
-        snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir), local_files_only=True)
+        snapshot_download(repo_id=repo_id, cache_dir=str(cache_dir), local_files_only=True,
+                          allow_patterns=list(patterns) if patterns else None)
         return True
     except Exception:  # noqa: BLE001 - not (fully) in the cache
         return False
@@ -154,6 +159,9 @@ def model_items(names: list[str] | None) -> list[Item]:
         if names and path.stem not in names:
             continue
         cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)["model"]
+        if cfg.get("kind") == "magi":
+            items += magi_items(path.stem, cfg)
+            continue
         if cfg.get("kind") != "diffusers":
             continue
         if not Path(str(cfg["path"])).expanduser().is_dir():
@@ -170,13 +178,34 @@ def model_items(names: list[str] | None) -> list[Item]:
     return items
 
 
+def magi_items(name: str, cfg: dict) -> list[Item]:
+    """MAGI-1: the variant's DiT weights, T5 and VAE of sand-ai/MAGI-1, and the code repo's special tokens."""
+    from huggingface_hub import constants
+
+    from jensenkv.models.magi.build import PRESET_VARIANTS
+
+    if cfg.get("preset") not in PRESET_VARIANTS:  # the tiny preset needs no files
+        return []
+    items = []
+    if not Path(str(cfg["path"])).expanduser().is_dir():
+        variant = cfg.get("variant") or PRESET_VARIANTS[cfg["preset"]]
+        cache = Path(cfg.get("cache_dir") or constants.HF_HUB_CACHE).expanduser()
+        patterns = (f"ckpt/magi/{variant}/*", f"ckpt/magi/{variant}/*/*", "ckpt/t5/*", "ckpt/t5/*/*", "ckpt/vae/*")
+        items.append(Item(f"model {name}", cache, str(cfg["path"]), "hf-snapshot", patterns))
+    if cfg.get("special_tokens"):
+        items.append(Item(f"model {name} special tokens", Path(cfg["special_tokens_file"]).expanduser(),
+                          MAGI_SPECIAL_TOKENS_URL))
+    return items
+
+
 def fetch(item: Item) -> None:
     """Download one item into place (temp file / folder, then rename)."""
     import torch
     from huggingface_hub import hf_hub_download, snapshot_download
 
     if item.kind == "hf-snapshot":
-        snapshot_download(repo_id=item.source, cache_dir=str(item.target))
+        snapshot_download(repo_id=item.source, cache_dir=str(item.target),
+                          allow_patterns=list(item.patterns) if item.patterns else None)
         return
     if item.kind == "hf-file":
         repo, in_repo = item.source.split("::")
@@ -215,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"), default=["lpips", "vbench", "models"])
     parser.add_argument("--lpips-net", default=None, help="alex | vgg | squeeze (default: eval config)")
     parser.add_argument("--vbench-dims", nargs="+", default=None, help="default: the eval config's dimensions")
-    parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers one)")
+    parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers / magi one)")
     parser.add_argument("--dry-run", action="store_true", help="list what is present and what would be fetched")
     args = parser.parse_args(argv)
     ev = default_eval()

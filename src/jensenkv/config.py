@@ -33,16 +33,22 @@ from jensenkv.correction import CORRECTIONS
 from jensenkv.quant.config import FLOAT_DTYPES, QuantConfig
 
 SAMPLERS = ("euler", "x0_renoise")
-MODEL_KINDS = ("tiny", "diffusers")
+MODEL_KINDS = ("tiny", "diffusers", "magi")
+T_SCHEDULES = ("sd3", "square", "identity")  # MAGI-1 time schedules
 MODEL_DTYPES = tuple(FLOAT_DTYPES)
 VALUES_MODES = ("same", "none")
 METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content")
 LPIPS_NETS = ("alex", "vgg", "squeeze")
 WANDB_MODES = ("offline", "online", "disabled")
-# Model fields that only some kinds read; a kind that does not read a field refuses a value for it.
-DIFFUSERS_FIELDS = ("transformer_class", "path", "cache_dir", "height", "width", "max_sequence_length",
-                    "transformer_subfolder", "transformer_checkpoint", "checkpoint_key", "fps", "vae_dtype")
-TINY_FIELDS = ("weights_dir",)
+# Model fields each kind reads; a kind refuses a value for a field it does not read.
+KIND_FIELDS = {
+    "tiny": ("weights_dir",),
+    "diffusers": ("transformer_class", "path", "cache_dir", "height", "width", "max_sequence_length",
+                  "transformer_subfolder", "transformer_checkpoint", "checkpoint_key", "fps", "vae_dtype"),
+    "magi": ("preset", "variant", "path", "cache_dir", "height", "width", "fps", "vae_dtype", "t5_path", "vae_path",
+             "vae_latent_scale", "special_tokens_file", "special_tokens", "model_overrides", "latent_height",
+             "latent_width", "seed"),
+}
 
 
 def fail(key: str, value: Any, allowed: str) -> None:
@@ -91,6 +97,8 @@ class ModelConfig:
     kind "diffusers": a SkyReels-V2 / Wan checkpoint in diffusers layout at ``path`` (a local folder or a Hub
     id already in the Hugging Face cache; never downloaded at run time); ``transformer_checkpoint``
     optionally replaces the transformer weights with an original-format Wan state dict.
+    kind "magi": MAGI-1 (jensenkv.models.magi, docs/MAGI1.md): ``preset`` tiny (seeded random, no weights) or
+    4.5B / 4.5B_distill / 24B / 24B_distill, loaded from the official files of sand-ai/MAGI-1 at ``path``.
     """
 
     kind: str = "tiny"
@@ -109,6 +117,17 @@ class ModelConfig:
     checkpoint_key: Optional[str] = None
     fps: Optional[int] = None          # only read by checkpoints with inject_sample_info
     vae_dtype: Optional[str] = None
+    preset: Optional[str] = None       # magi: tiny | 4.5B | 4.5B_distill | 24B | 24B_distill
+    variant: Optional[str] = None      # magi: checkpoint folder under ckpt/magi/ (null: the preset's)
+    t5_path: Optional[str] = None      # magi: T5 folder (null: <path>/ckpt/t5/t5-v1_1-xxl)
+    vae_path: Optional[str] = None     # magi: ViT VAE folder (null: <path>/ckpt/vae)
+    vae_latent_scale: Optional[float] = None
+    special_tokens_file: Optional[str] = None
+    special_tokens: Optional[list[str]] = None
+    model_overrides: Optional[dict[str, Any]] = None  # magi: MagiModelConfig fields replaced in the preset
+    latent_height: Optional[int] = None  # magi tiny: latent frame size (real presets: height / 8)
+    latent_width: Optional[int] = None
+    seed: Optional[int] = None         # magi tiny: seed of the random initialisation
 
     def __post_init__(self) -> None:
         check_choice("model.kind", self.kind, MODEL_KINDS)
@@ -118,10 +137,11 @@ class ModelConfig:
         if self.vae_dtype is not None:
             check_choice("model.vae_dtype", self.vae_dtype, MODEL_DTYPES)
         self.device = resolve_device(self.device)
-        unused = DIFFUSERS_FIELDS if self.kind == "tiny" else TINY_FIELDS
-        for key in unused:
+        for key in sorted({f for fields in KIND_FIELDS.values() for f in fields} - set(KIND_FIELDS[self.kind])):
             if getattr(self, key) is not None:
                 fail(f"model.{key}", getattr(self, key), f"kind={self.kind} does not read it; leave it null")
+        if self.kind == "magi" and self.preset is None:
+            fail("model.preset", None, "kind=magi needs a preset: tiny, 4.5B, 4.5B_distill, 24B or 24B_distill")
         if self.kind == "diffusers":
             for key in ("transformer_class", "path", "height", "width"):
                 if getattr(self, key) is None:
@@ -130,6 +150,8 @@ class ModelConfig:
                 check_int(f"model.{key}", getattr(self, key), 8)
         check_int("model.max_sequence_length", self.max_sequence_length, 1, optional=True)
         check_int("model.fps", self.fps, 1, optional=True)
+        for key in ("latent_height", "latent_width"):
+            check_int(f"model.{key}", getattr(self, key), 1, optional=True)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -146,6 +168,69 @@ def resolve_device(device: Any) -> str:
     if device.startswith("cuda") and not cuda_available():
         fail("model.device", device, "no CUDA device is visible on this machine; use auto or cpu")
     return device
+
+
+@dataclass
+class MagiScheduleConfig:
+    """MAGI-1 sampling beyond the generator's staircase (``generation.magi``; official runtime/engine names).
+
+    cfg_number: 3 = cond (text + cache), prefix (null caption + cache, the only pass that writes the cache)
+        and uncond (null caption, each chunk alone); 1 = one pass that writes the cache (distilled models).
+    cfg_t_range / prev_chunk_scales / text_scales: piecewise guidance scales by each chunk's MAGI time
+        (0 = noise, 1 = clean): v = (1 - p) u + (p - s) prefix + s cond.
+    clean_t: the time at which a finished chunk is re-run (null caption) to write its K/V to the cache.
+    t_schedule: "sd3" (linspace^2 then the SD3 shift, MAGI's default) | "square" | "identity".
+    distill_nearly_clean_chunk_threshold / distill_prev_chunks_scale: distilled models re-run the oldest
+        in-flight chunk alone once its time exceeds the threshold and mix the outputs
+        scale * (with context) + (1 - scale) * (alone); None disables it.
+    """
+
+    cfg_number: int = 3
+    cfg_t_range: list[float] = field(default_factory=lambda: [0.0, 0.0217, 0.1, 0.3, 0.999])
+    prev_chunk_scales: list[float] = field(default_factory=lambda: [1.5, 1.5, 1.5, 1.0, 1.0])
+    text_scales: list[float] = field(default_factory=lambda: [7.5, 7.5, 7.5, 0.0, 0.0])
+    clean_t: float = 0.9999
+    t_schedule: str = "sd3"
+    distill_nearly_clean_chunk_threshold: Optional[float] = 0.3
+    distill_prev_chunks_scale: float = 0.7
+    null_caption_tokens: int = 50       # valid tokens of the null caption in cross-attention
+    distill_dt: Optional[float] = None  # distilled models' shortcut step input; None: steps / 4 * 2 (official)
+
+    def __post_init__(self) -> None:
+        for key in ("cfg_t_range", "prev_chunk_scales", "text_scales"):
+            setattr(self, key, [float(x) for x in getattr(self, key)])
+        check_choice("generation.magi.cfg_number", self.cfg_number, (1, 3))
+        n = len(self.cfg_t_range)
+        if n < 1 or len(self.prev_chunk_scales) != n or len(self.text_scales) != n:
+            fail("generation.magi.cfg_t_range / prev_chunk_scales / text_scales",
+                 (n, len(self.prev_chunk_scales), len(self.text_scales)), "they need the same length >= 1")
+        if self.cfg_t_range != sorted(self.cfg_t_range):
+            fail("generation.magi.cfg_t_range", self.cfg_t_range, "it must be ascending")
+        if not (isinstance(self.clean_t, (int, float)) and 0.0 <= self.clean_t <= 1.0):
+            fail("generation.magi.clean_t", self.clean_t, "it must be in [0, 1]")
+        check_choice("generation.magi.t_schedule", self.t_schedule, T_SCHEDULES)
+        check_int("generation.magi.null_caption_tokens", self.null_caption_tokens, 1)
+
+    def validate(self) -> None:
+        self.__post_init__()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> MagiScheduleConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            fail("generation.magi", unknown, f"unknown keys; allowed: {sorted(known)}")
+        return cls(**dict(values))
+
+    def guidance_scales(self, t: float) -> tuple[float, float]:
+        """(prev_chunk_scale, text_scale) of a chunk at MAGI time t (the official searchsorted rule)."""
+        import torch
+
+        ranges = torch.tensor(self.cfg_t_range, dtype=torch.float32) - 1e-7
+        index = int(torch.searchsorted(ranges, torch.tensor([t], dtype=torch.float32)).item()) - 1
+        if not 0 <= index < len(self.prev_chunk_scales):
+            raise ValueError(f"chunk time t={t} falls outside generation.magi.cfg_t_range={self.cfg_t_range}")
+        return self.prev_chunk_scales[index], self.text_scales[index]
 
 
 @dataclass
@@ -175,8 +260,11 @@ class GenerationConfig:
     commit_kv_range: Optional[int] = None
     negative_prompt: str = ""
     window_size: int = 1
+    magi: Optional[MagiScheduleConfig] = None  # MAGI-1's refresh pass, 3-way / distilled guidance, time schedule
 
     def __post_init__(self) -> None:
+        if isinstance(self.magi, dict):
+            self.magi = MagiScheduleConfig.from_dict(self.magi)
         for key in ("num_chunks", "frames_per_chunk", "steps", "window_size"):
             check_int(f"generation.{key}", getattr(self, key), 1)
         if self.steps % self.window_size:
@@ -398,6 +486,9 @@ class RunConfig:
         from jensenkv.run.spec import model_geometry
 
         check_int("threads", self.threads, 1, optional=True)
+        if (self.model.kind == "magi") != (self.generation.magi is not None):
+            fail("generation.magi", self.generation.magi,
+                 "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null")
         head_dim, tokens_per_chunk = model_geometry(self.model, self.generation)
         self.key, self.value = self.cache.key_value(self.quant, head_dim)
         if self.key.method == "qvg" and tokens_per_chunk is not None and self.key.qvg_centroids > tokens_per_chunk:

@@ -100,7 +100,9 @@ def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
     branches = ("cond", "uncond") if cfg.use_cfg else ("cond",)
     adapter.reset()
     adapter.set_prompt(prompt, cfg.negative_prompt if cfg.use_cfg else None)
-    sigmas = flow_sigmas(cfg.steps, cfg.shift).tolist()
+    # an adapter with its own time schedule (MAGI-1: linspace^2 then shift) provides the noise levels
+    noise_levels = getattr(adapter, "noise_levels", None)
+    sigmas = (noise_levels(cfg) if noise_levels is not None else flow_sigmas(cfg.steps, cfg.shift)).tolist()
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     c, h, w = adapter.latent_frame_shape
     frames = cfg.frames_per_chunk

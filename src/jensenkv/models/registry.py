@@ -1,7 +1,8 @@
 """Build a chunk-wise model adapter from a model config (configs/model/*.yaml).
 
 ``kind: tiny`` loads the built-in model (``jensenkv.models.tiny.load_tiny``); ``kind: diffusers`` loads a
-SkyReels-V2 / Wan checkpoint from a local folder or the Hugging Face cache (never the network). The model
+SkyReels-V2 / Wan checkpoint from a local folder or the Hugging Face cache (never the network); ``kind: magi``
+builds MAGI-1 (``jensenkv.models.magi.build``). The model
 and sampler settings are nodes of the config tree (jensenkv.config.ModelConfig, GenerationConfig).
 """
 from __future__ import annotations
@@ -56,6 +57,10 @@ def build_adapter(model: ModelConfig | Mapping, cache: CacheConfig | None = None
     generation = generation if generation is not None else GenerationConfig()
     if cfg.kind == "tiny":
         return load_tiny_adapter(cfg, cache, attention, generation)
+    if cfg.kind == "magi":
+        from jensenkv.models.magi.build import load_magi_adapter
+
+        return load_magi_adapter(cfg, cache, attention, generation)
     return load_diffusers_adapter(cfg, cache, attention, generation)
 
 

@@ -74,6 +74,14 @@ def check_weights(model: ModelConfig) -> None:
         if model.transformer_checkpoint and not Path(model.transformer_checkpoint).is_file():
             raise FileNotFoundError(f"model.transformer_checkpoint={model.transformer_checkpoint!r} does not exist "
                                     "(`make fetch-weights` downloads it)")
+    elif model.kind == "magi" and model.preset != "tiny":  # the tiny preset is random-initialised: no files
+        if _diffusers_local_dir(model) is None:
+            raise FileNotFoundError(f"model.path={model.path!r} is neither a local folder nor in the Hugging Face "
+                                    f"cache ({model.cache_dir or 'HF_HUB_CACHE'}); run `make fetch-weights` on a "
+                                    "machine with internet (docs/MAGI1.md lists the files)")
+        if model.special_tokens and not Path(str(model.special_tokens_file)).expanduser().is_file():
+            raise FileNotFoundError(f"model.special_tokens_file={model.special_tokens_file!r} does not exist "
+                                    "(`make fetch-weights` downloads special_tokens.npz)")
 
 
 def _diffusers_local_dir(model: ModelConfig) -> Path | None:
@@ -104,6 +112,16 @@ def model_geometry(model: ModelConfig, generation: GenerationConfig) -> tuple[in
             sub = model.transformer_subfolder or "transformer"
             transformer = json.loads((local / sub / "config.json").read_text())
             height, width, scale = model.height, model.width, 8
+        elif model.kind == "magi":
+            from jensenkv.models.magi.config import model_preset
+
+            magi = model_preset(model.preset, **(model.model_overrides or {}))
+            patch = magi.patch_size
+            if model.latent_height:  # tiny preset: latent size given directly
+                height, width = model.latent_height, model.latent_width or model.latent_height
+            else:
+                height, width = model.height // 8, model.width // 8  # the ViT VAE: 8x spatial
+            return magi.head_dim, generation.frames_per_chunk * (height // patch) * (width // patch)
         else:
             return None, None
         head_dim = int(transformer["attention_head_dim"])

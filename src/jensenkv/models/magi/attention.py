@@ -1,0 +1,142 @@
+"""MAGI-1's self-attention over the suite's KV cache, with grouped-query heads.
+
+One ``ChunkedKVCache`` per layer holds keys after the k-LayerNorm and RoPE and values, with the KV heads
+NOT expanded (so ``nbytes`` counts KV heads). At attention time the visible cached chunks and the
+in-flight chunks are expanded to the query heads (query head h reads KV head h // (H / H_kv)) and handed
+to the suite's attention functions, so quantization (on commit), the Jensen-bias correction and the
+probes are the same as for every other model.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.correction import GroupSteps
+from jensenkv.attention.backends import get_backend
+from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
+
+
+@dataclass(frozen=True)
+class WindowChunk:
+    """One chunk of a forward: its video index, denoising step (None: clean refresh) and kv range
+    (preceding chunks visible, earlier in-flight ones first, then cached; None: all)."""
+
+    index: int
+    step: int | None = None
+    kv_range: int | None = None
+
+
+def expand_segment(seg: CacheSegment, groups: int) -> CacheSegment:
+    """A cached chunk with its KV heads repeated for the query heads of each group (nothing is re-quantized)."""
+    if groups == 1:
+        return seg
+
+    def rep(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.repeat_interleave(groups, dim=1)  # (B, H_kv, K, D) -> (B, H, K, D)
+
+    steps = None if seg.steps is None else GroupSteps(rep(seg.steps.step), seg.steps.rotation)
+    return CacheSegment(k=rep(seg.k), v=rep(seg.v), steps=steps, k_ref=rep(seg.k_ref), v_ref=rep(seg.v_ref))
+
+
+class MagiLayerCaches:
+    """The per-layer caches of one video and the settings that read them (MAGI's passes share one cache)."""
+
+    def __init__(self, num_layers: int, head_dim: int, groups: int, cache_config: CacheConfig,
+                 attention: AttentionSettings):
+        self.num_layers = num_layers
+        self.head_dim = head_dim
+        self.groups = groups
+        self.configure(cache_config, attention)
+
+    def configure(self, cache_config: CacheConfig, attention: AttentionSettings) -> None:
+        attention.validate()
+        cache_config.key.validate(self.head_dim)
+        cache_config.value.validate(self.head_dim)
+        if attention.probes and not cache_config.keep_reference:
+            cache_config = replace(cache_config, keep_reference=True)  # probes compare with the full-precision cache
+        self.cache_config = cache_config
+        self.attention = attention
+        self.reset()
+
+    def reset(self) -> None:
+        self.caches = [ChunkedKVCache(self.cache_config, self.head_dim) for _ in range(self.num_layers)]
+        self._expanded: list[dict[int, tuple[CacheSegment, CacheSegment]]] = [{} for _ in range(self.num_layers)]
+        self.probe_records: list[dict] = []
+        self.quantize_seconds = 0.0
+
+    def segments(self, layer: int) -> list[CacheSegment]:
+        """Layer's visible cached chunks, GQA-expanded once per chunk (a compute memo, not cache storage)."""
+        memo = self._expanded[layer]
+        out = []
+        live = set()
+        for seg in self.caches[layer].segments():
+            key = id(seg)
+            live.add(key)
+            if key not in memo or memo[key][0] is not seg:
+                memo[key] = (seg, expand_segment(seg, self.groups))
+            out.append(memo[key][1])
+        for key in set(memo) - live:
+            del memo[key]
+        return out
+
+    def attention_fn(self) -> Callable[..., torch.Tensor]:
+        return get_backend(self.attention.backend)  # looked up per call: registered kernels (and test spies) apply
+
+    def probing(self, layer: int) -> bool:
+        layers = self.attention.probe_layers
+        return self.attention.probes and (layers is None or layer in layers)
+
+
+class WindowAttention:
+    """``attend`` for one forward: each chunk of ``window`` attends to its visible cached chunks and
+    block-causally to the earlier chunks of the forward (full precision, never corrected); optionally the
+    chunk at ``commit_position`` is committed to every layer's cache after that layer's attention."""
+
+    def __init__(self, caches: MagiLayerCaches, window: tuple[WindowChunk, ...], pass_name: str,
+                 commit_position: int | None = None, use_cache: bool = True):
+        self.caches = caches
+        self.window = window
+        self.pass_name = pass_name
+        self.commit_position = commit_position
+        self.use_cache = use_cache
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (1, H, S, D); k, v (1, H_kv, S, D) over the window's chunks (equal lengths) -> (1, H, S, D)."""
+        caches, groups = self.caches, self.caches.groups
+        tokens = q.shape[2] // len(self.window)
+        cached = caches.segments(layer) if self.use_cache else []
+        fn = caches.attention_fn()
+        settings = caches.attention
+        outs = []
+        for position, chunk in enumerate(self.window):
+            in_flight, cache_limit = window_context(position, chunk.kv_range)
+            rows = slice(position * tokens, (position + 1) * tokens)
+            keys = slice((position - in_flight) * tokens, (position + 1) * tokens)
+            segments = limit_kv_range(cached, cache_limit)
+            q_c = q[:, :, rows]  # (1, H, T, D)
+            k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (1, H, (in_flight+1)*T, D)
+            v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
+            outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=settings.strength))
+            if segments and chunk.step is not None and caches.probing(layer):
+                from jensenkv.attention import attention_probes
+
+                values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=settings.strength)
+                caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
+                                             "branch": self.pass_name, **values})
+        if self.commit_position is not None:
+            rows = slice(self.commit_position * tokens, (self.commit_position + 1) * tokens)
+            self._commit(caches.caches[layer], k[:, :, rows], v[:, :, rows])
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (1, H, S, D)
+
+    def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
+        if k.is_cuda:
+            torch.cuda.synchronize(k.device)
+        start = time.perf_counter()
+        cache.commit(k, v)  # (1, H_kv, T, D) each: KV heads only, quantized once, here
+        if k.is_cuda:
+            torch.cuda.synchronize(k.device)
+        self.caches.quantize_seconds += time.perf_counter() - start
