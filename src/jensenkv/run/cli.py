@@ -136,6 +136,25 @@ def precheck(args: Sequence[str]) -> None:
             build_spec(compose_config(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(_one_line(e)) from None
+    except AssertionError:  # OmegaConf asserts when an override reaches into a null node
+        raise ValueError(_null_parent(args)) from None
+
+
+def _null_parent(args: Sequence[str]) -> str:
+    """The override that sets a field under a node that is null in this config (e.g. generation.magi.* on a
+    model that is not MAGI-1), as one line."""
+    from omegaconf import OmegaConf
+
+    plain = [a for a in args if not a.startswith("-") and "=" in a]
+    for arg in plain:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        parent = key.rpartition(".")[0]
+        if parent.count(".") < 1:
+            continue
+        others = [a for a in plain if a != arg and "," not in a]
+        if OmegaConf.select(compose_config(others), parent) is None:
+            return f"{key} is not allowed: {parent} is null for this model (it only exists where a preset sets it)"
+    return f"an override sets a field under a null node: {' '.join(plain)}"
 
 
 def task(cfg: Any) -> dict | None:
