@@ -272,7 +272,7 @@ def test_magi_schedule_is_reachable_for_magi_and_refused_elsewhere(weights):
     from jensenkv.run.cli import precheck
 
     spec = build_spec(_compose("model=magi1_tiny", "model.device=cpu", "generation.magi.clean_t=0.99",
-                               "generation.magi.cfg_number=1", "model.model_overrides={distill: true}"))
+                               "generation.magi.cfg_number=1", "+model.model_overrides.distill=true"))
     assert (spec.generation.magi.clean_t, spec.generation.magi.cfg_number) == (0.99, 1)
     with pytest.raises(ValueError, match="generation.magi is null for this model"):
         precheck([f"model.weights_dir={weights}", "generation.magi.clean_t=0.5"])
