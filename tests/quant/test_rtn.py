@@ -209,3 +209,27 @@ def test_effective_bits_match_the_paper(bits, group_size, effective):
     x = torch.randn(1, 2, 32, 128)
     t = make_quantizer(QuantConfig(bits=bits, group_size=group_size), 128).quantize(x)
     assert t.nbytes * 8 / x.numel() == effective
+
+
+FLOAT_ZERO_DTYPES = ["float16", "bfloat16", "float32"]
+
+
+@pytest.mark.parametrize("zero_dtype", FLOAT_ZERO_DTYPES)
+@pytest.mark.parametrize("granularity", ["token_group", "channel"])
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("offset", [1e4, -3e4, 5000.0])
+def test_float_zero_keeps_the_bound_at_large_offsets(zero_dtype, granularity, bits, offset):
+    """Channels at a large constant offset plus small noise: |min / step| is far above float16's 2048 integers,
+    yet every element stays within half its stored step (up to float32 rounding of the values themselves)."""
+    gen = torch.Generator().manual_seed(bits)
+    x = offset + 0.05 * torch.randn(1, 2, 40, 64, generator=gen)  # (B, H, S, D)
+    x[..., :8] = 0.3 * torch.randn(1, 2, 40, 8, generator=gen)  # some channels near zero
+    cfg = QuantConfig(bits=bits, granularity=granularity, group_size=16, zero_dtype=zero_dtype)
+    t = make_quantizer(cfg, 64).quantize(x)
+    step = elementwise_step(t)
+    err = (t.dequantize() - x).abs()
+    assert torch.isfinite(err).all()
+    float32_rounding = 2 * torch.finfo(torch.float32).eps * x.abs()
+    assert (err <= step / 2 * (1 + 1e-5) + float32_rounding).all(), float((err / step).max())
+    assert t.zero.dtype == cfg.torch_zero_dtype  # stored in the stated dtype: nbytes counts what is kept
+    assert t.nbytes == t.packed.numel() + t.step.numel() * 2 + t.zero.numel() * t.zero.element_size()

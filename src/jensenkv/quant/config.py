@@ -22,7 +22,7 @@ ROTATIONS = ("none", "hadamard")
 FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # int8 / uint8: integer zero point round(-min/step) (int8 stored centred; a range is widened to include 0 only when z
 # does not fit the dtype);
-# a float dtype: real-valued zero point (KIVI-style: the group minimum in units of the step).
+# a float dtype: the group minimum itself, rounded down into that dtype (KIVI / HF quanto; the bound holds at any offset).
 ZERO_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, **FLOAT_DTYPES}
 MAX_CENTROIDS = 32767  # assignments are stored as int16 above 256 centroids
 

@@ -16,9 +16,10 @@ An integer zero point z = round(-min / D) is stored in zero_dtype (int8 by defau
 8-bit zero; stored centred as z - 2^(B-1)). Since round is odd-symmetric, round(x/D) + z then lands exactly on [0, 2^B - 1] for
 the group's min and max, with no widening of the range; only groups whose z does not fit the dtype
 (|min| > 127 steps from 0 for int8, or min > 0 for uint8) fall back to a range widened to include
-0. A float zero point is real-valued (the group minimum in units of the step, KIVI-
-style) and keeps the bound while its rounding error is < 0.5 (fp16: |z| < 2048). Constant groups
-get the step |value| (1 at zero): finite, and exact when |value| is representable in scale_dtype.
+0. A float zero dtype stores the group minimum itself (KIVI, HF quanto), rounded down into that
+dtype, and x_hat = code * D + min: the step spans [stored min, max], so the bound holds at any
+offset (a large offset costs resolution, not the bound). Constant groups get the step |value|
+(1 at zero): finite, and exact when |value| is representable in scale_dtype.
 """
 from __future__ import annotations
 
@@ -92,6 +93,21 @@ def round_up_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(too_small, bumped, stored)
 
 
+def round_down_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 x -> the largest value of `dtype` that is <= x (so a stored group minimum never exceeds the group's)."""
+    stored = x.to(dtype)
+    if dtype == torch.float32:
+        return stored
+    too_big = stored.float() > x
+    bits = stored.view(_INT_VIEW[stored.element_size()])
+    sign = torch.iinfo(bits.dtype).min  # the sign bit alone: -0.0
+    # One value toward -inf on the integer view: a positive value's magnitude shrinks (bits - 1), a negative
+    # value's grows (bits + 1, the sign bit stays set), and a zero becomes the smallest negative subnormal.
+    down = torch.where(stored.float() > 0, bits - 1, torch.where(stored.float() == 0, torch.full_like(bits, sign + 1),
+                                                                   bits + 1))
+    return torch.where(too_big, down.view(dtype), stored)
+
+
 class RTNTensor(QuantizedTensor):
     """RTN-quantized (B, H, S, D) tensor: packed codes + stored steps (+ zero points when asymmetric)."""
 
@@ -106,7 +122,9 @@ class RTNTensor(QuantizedTensor):
     ):
         self.packed = packed  # (ceil(B*H*S*D*bits/8),) uint8
         self.step = step  # (b, h, S_groups, D_groups) in scale_dtype
-        self.zero = zero  # like step, in zero_dtype; None when symmetric
+        # like step, in zero_dtype; None when symmetric. Integer dtypes: the zero point in codes (int8 centred);
+        # float dtypes: the group minimum itself (the value code 0 stands for).
+        self.zero = zero
         self.bits = bits
         self.layout = layout
         self.shape = layout.shape
@@ -122,6 +140,8 @@ class RTNTensor(QuantizedTensor):
 
     def _dequantize_rotated(self) -> torch.Tensor:
         step = self.layout.to_elements(self.step.float())  # (B, H, S, D)
+        if self.zero is not None and self.zero.dtype.is_floating_point:
+            return self.codes().float() * step + self.layout.to_elements(self.zero.float())  # code 0 = group minimum
         if self.zero is None:
             zero = torch.tensor(float(1 << (self.bits - 1)), device=step.device)
         else:
@@ -159,6 +179,11 @@ def rtn_quantize(
     mn, mx = layout.group_min_max(x)  # (b, h, S_groups, D_groups)
     levels = (1 << bits) - 1
     integer_zero = not zero_dtype.is_floating_point
+    if not symmetric and not integer_zero:
+        # A float zero stores the group minimum (KIVI, HF quanto) rounded DOWN into zero_dtype: the range from
+        # the stored minimum still covers the group, the step below absorbs the rounding, and the bound holds
+        # at any offset (a zero point -min/step in float16 loses it once |min/step| > 2048).
+        mn = round_down_to_dtype(mn, zero_dtype).float()
     # Constant group (zero range): a step of |value| (1 at 0) puts the value on a code exactly.
     constant = mn == mx
     constant_step = torch.where(mn != 0, mn.abs(), torch.ones_like(mn))
@@ -184,15 +209,13 @@ def rtn_quantize(
         zero = (torch.round(-mn / step_f) - offset).clamp(info.min, info.max).to(zero_dtype)
         zero_f = zero.float() + offset
     else:
-        # Real-valued zero: the group minimum sits on code 0. A stored rounding error below 0.5 keeps
-        # every code inside [0, 2^B - 1] (the range spans at most 2^B - 1 steps), so no clamping.
-        zero = (-mn / step_f).to(zero_dtype)
-        zero_f = zero.float()
+        zero = mn.to(zero_dtype)  # exact: mn was rounded into zero_dtype above
+        zero_f = mn
     step_e = layout.to_elements(step_f)  # (B, H, S, D)
     zero_e = layout.to_elements(zero_f) if isinstance(zero_f, torch.Tensor) else zero_f
     if integer_zero or symmetric:
         codes = torch.round(x / step_e) + zero_e
     else:
-        codes = torch.round(x / step_e + zero_e)
+        codes = torch.round((x - zero_e) / step_e)  # (x - stored minimum) spans at most 2^B - 1 stored steps
     codes = codes.clamp(0, levels).to(torch.uint8)  # (B, H, S, D)
     return RTNTensor(pack_codes(codes, bits), step, zero, bits, layout, rotation)
