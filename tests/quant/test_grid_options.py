@@ -49,7 +49,8 @@ def assert_within_half_step(t, x):
     assert (err <= elementwise_steps(t) / 2 * (1 + 1e-5) + 1e-6).all(), float((err / elementwise_steps(t)).max())
 
 
-@pytest.mark.parametrize("granularity, bits, convention", list(itertools.product(GRANULARITIES, [2, 3, 4], CONVENTIONS)))
+@pytest.mark.parametrize("granularity, bits, convention",
+                         list(itertools.product(GRANULARITIES, [2, 3, 4], CONVENTIONS)))
 def test_every_convention_keeps_the_half_step_bound(granularity, bits, convention):
     zero_point, dither = convention
     cfg = QuantConfig(bits=bits, granularity=granularity, group_size=16, zero_point=zero_point, dither=dither)

@@ -166,14 +166,17 @@ class QuantConfig:
             _fail("smoothing", self.smoothing, f"must be one of {SMOOTHINGS}")
         zero_is_float = ZERO_DTYPES[self.zero_dtype].is_floating_point
         if self.zero_point == "integer" and zero_is_float:
-            _fail("zero_point", self.zero_point, f"an integer zero needs zero_dtype int8 or uint8, not {self.zero_dtype!r}"
-                  " (a float zero_dtype stores the group minimum: zero_point=min_aligned)")
+            _fail("zero_point", self.zero_point,
+                  f"an integer zero needs zero_dtype int8 or uint8, not {self.zero_dtype!r} "
+                  "(a float zero_dtype stores the group minimum: zero_point=min_aligned)")
         if self.zero_point == "fixed_point":
             if zero_is_float:
-                _fail("zero_point", self.zero_point, f"a fixed-point zero is stored in int8, not zero_dtype={self.zero_dtype!r}")
+                _fail("zero_point", self.zero_point,
+                      f"a fixed-point zero is stored in int8, not zero_dtype={self.zero_dtype!r}")
             if self.bits > FIXED_POINT_MAX_BITS:
                 _fail("zero_point", self.zero_point,
-                      f"a fixed-point zero needs bits <= {FIXED_POINT_MAX_BITS} (F = 7 - bits fractional bits), got bits={self.bits}")
+                      f"a fixed-point zero needs bits <= {FIXED_POINT_MAX_BITS} (F = 7 - bits fractional bits), "
+                      f"got bits={self.bits}")
         if self.dither != "none":
             if self.symmetric:
                 _fail("dither", self.dither, "needs the asymmetric min-aligned grid (symmetric=false): "
@@ -186,7 +189,8 @@ class QuantConfig:
         if self.qvg_kmeans not in QVG_KMEANS:
             _fail("qvg_kmeans", self.qvg_kmeans, f"must be one of {QVG_KMEANS}")
         if self.qvg_kmeans == "published" and self.qvg_iters < 1:
-            _fail("qvg_iters", self.qvg_iters, "must be >= 1 with qvg_kmeans=published (its loop assigns before it stops)")
+            _fail("qvg_iters", self.qvg_iters,
+                  "must be >= 1 with qvg_kmeans=published (its loop assigns before it stops)")
         if isinstance(self.qvg_tol, bool) or not isinstance(self.qvg_tol, (int, float)) or not 0 <= self.qvg_tol < 1:
             _fail("qvg_tol", self.qvg_tol, "must be a number in [0, 1) (fraction of labels changed)")
         if self.qvg_span is not None and (not isinstance(self.qvg_span, int) or isinstance(self.qvg_span, bool)
@@ -197,7 +201,8 @@ class QuantConfig:
 
     @property
     def zero_convention(self) -> str:
-        """The zero point in effect: zero_point, or (null) min_aligned with dither or a float zero_dtype, else integer."""
+        """The zero point in effect: zero_point, or (null) min_aligned with dither or a float zero_dtype, else
+        integer."""
         if self.zero_point is not None:
             return self.zero_point
         if self.dither != "none" or ZERO_DTYPES[self.zero_dtype].is_floating_point:
@@ -243,7 +248,8 @@ class QuantConfig:
 
     @property
     def torch_zero_dtype(self) -> torch.dtype:
-        """Where the zero is stored: zero_dtype; fixed_point: int8; min_aligned with an integer zero_dtype: scale_dtype."""
+        """Where the zero is stored: zero_dtype; fixed_point: int8; min_aligned with an integer zero_dtype:
+        scale_dtype."""
         convention = self.zero_convention
         if convention == "fixed_point":
             return torch.int8
