@@ -176,4 +176,5 @@ def test_config_from_hydra_node():
 
     node = OmegaConf.create({"key": {"bits": 4, "granularity": "channel"}, "value": {"method": "none"}})
     cfg = CacheConfig.from_dict(node)
-    assert cfg.key.label == "kivi" and cfg.key.bits == 4 and cfg.value.method == "none"
+    # per-channel keys with the default uint8 integer zero: KIVI layout, not KIVI's min-aligned zero
+    assert cfg.key.label == "kivi+integer" and cfg.key.bits == 4 and cfg.value.method == "none"

@@ -31,7 +31,7 @@ def _spec(weights, *overrides: str):
 
 
 def test_every_group_has_its_options():
-    assert set(group_options("quant")) == {"bf16", "rtn", "quarot", "qvg", "kivi"}
+    assert set(group_options("quant")) == {"bf16", "rtn", "quarot", "qvg", "qvg_pro", "qvg_rtn", "kivi"}
     assert set(group_options("correction")) == {"none", "taylor", "exact"}
     assert set(group_options("experiment")) >= {"table1", "tradeoff", "attention_mass"}
     assert set(group_options("logger")) >= {"wandb_offline", "wandb_online", "disabled"}
@@ -42,6 +42,7 @@ def test_every_group_has_its_options():
 
 @pytest.mark.parametrize(("quant", "label", "method"), [("bf16", "bf16", "none"), ("rtn", "rtn", "rtn"),
                                                          ("quarot", "quarot+rtn", "rtn"), ("qvg", "qvg", "qvg"),
+                                                         ("qvg_pro", "qvg_pro", "qvg"), ("qvg_rtn", "qvg_rtn", "qvg"),
                                                          ("kivi", "kivi", "rtn")])
 def test_quant_options_build_the_named_quantizer(weights, quant, label, method):
     spec = _spec(weights, f"quant={quant}", "quant.qvg_centroids=16")
@@ -77,11 +78,13 @@ def test_run_id_ignores_bookkeeping_and_tracks_settings(weights):
     base = _spec(weights).run_id
     same = [("logger=disabled",), ("paths.results_dir=/elsewhere",), ("experiment_name=other",), ("threads=2",),
             ("quant.qvg_centroids=7",),  # an RTN run ignores QVG settings
-            ("quant.rotation_seed=5",)]  # ... and the rotation seed when nothing is rotated
+            ("quant.rotation_seed=5",),  # ... and the rotation seed when nothing is rotated
+            ("quant.dither_seed=5",)]  # ... and the dither seed without dither
     for overrides in same:
         assert _spec(weights, *overrides).run_id == base, overrides
     different = [("quant.bits=4",), ("quant.group_size=64",), ("correction=taylor",), ("eval.num_prompts=3",),
-                 ("cache.sink_chunks=1",), ("cache.values=none",), ("generation.steps=3",), ("eval.seeds=[1]",)]
+                 ("cache.sink_chunks=1",), ("cache.values=none",), ("generation.steps=3",), ("eval.seeds=[1]",),
+                 ("quant.dither=subtractive",), ("quant.zero_point=fixed_point",), ("quant.smoothing=channel_mean",)]
     ids = {_spec(weights, *o).run_id for o in different}
     assert base not in ids and len(ids) == len(different)
 

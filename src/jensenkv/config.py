@@ -336,6 +336,8 @@ class CacheSettings:
                           if f.name.startswith("qvg_")})
         if quant.rotation == "none":
             reset["rotation_seed"] = defaults.rotation_seed
+        if quant.dither == "none":
+            reset["dither_seed"] = defaults.dither_seed
         key = dataclasses.replace(quant, **reset)
         key.validate(head_dim)
         if self.values == "none":

@@ -28,6 +28,20 @@ def test_group_size_must_divide_head_dim():
         ({"qvg_centroids": 0}, r"quant\.qvg_centroids=0"),
         ({"qvg_stages": 0}, r"quant\.qvg_stages=0"),
         ({"qvg_iters": -1}, r"quant\.qvg_iters=-1"),
+        ({"zero_point": "zero"}, r"quant\.zero_point='zero' .*'integer', 'min_aligned', 'fixed_point'"),
+        ({"zero_point": "integer", "zero_dtype": "float16"}, r"quant\.zero_point='integer' .*int8 or uint8"),
+        ({"zero_point": "fixed_point", "bits": 8}, r"quant\.zero_point='fixed_point' .*bits <= 4"),
+        ({"dither": "additive"}, r"quant\.dither='additive' .*'none', 'subtractive'"),
+        ({"dither": "subtractive", "zero_point": "integer"}, r"quant\.dither='subtractive' .*min_aligned"),
+        ({"dither": "subtractive", "symmetric": True}, r"quant\.dither='subtractive' .*symmetric=false"),
+        ({"dither_seed": -1}, r"quant\.dither_seed=-1 .*>= 0"),
+        ({"smoothing": "mean"}, r"quant\.smoothing='mean' .*channel_mean"),
+        ({"scale_dtype": "float8_e5m2"}, r"quant\.scale_dtype='float8_e5m2' .*float8_e4m3fn"),
+        ({"qvg_kmeans": "faiss"}, r"quant\.qvg_kmeans='faiss' .*published"),
+        ({"qvg_kmeans": "published", "qvg_iters": 0}, r"quant\.qvg_iters=0 .*>= 1"),
+        ({"qvg_tol": 1.5}, r"quant\.qvg_tol=1\.5"),
+        ({"qvg_span": 100}, r"quant\.qvg_span=100 .*>= qvg_centroids=256"),
+        ({"qvg_centroid_dtype": "int8"}, r"quant\.qvg_centroid_dtype='int8'"),
     ],
 )
 def test_bad_values_raise_naming_key_value_and_allowed(overrides, pattern):
@@ -52,8 +66,19 @@ def test_method_none_ignores_grouping_and_rotation():
         ({"method": "none"}, "bf16"),
         ({}, "rtn"),
         ({"rotation": "hadamard"}, "quarot+rtn"),
-        ({"method": "qvg"}, "qvg"),
-        ({"granularity": "channel"}, "kivi"),
+        ({"method": "qvg"}, "qvg_rtn"),  # the suite's first QVG: warm-started k-means, RTN residual
+        ({"method": "qvg", "qvg_kmeans": "published", "symmetric": True}, "qvg"),
+        ({"method": "qvg", "qvg_kmeans": "published", "symmetric": True, "qvg_stages": 4}, "qvg_pro"),
+        ({"method": "qvg", "qvg_kmeans": "published"}, "qvg+asym+integer"),
+        ({"method": "qvg", "qvg_kmeans": "published", "zero_dtype": "bfloat16"}, "qvg+asym"),  # QVG's asymmetric
+        ({"granularity": "channel", "zero_dtype": "float16"}, "kivi"),
+        ({"granularity": "channel"}, "kivi+integer"),
+        ({"zero_point": "min_aligned"}, "rtn+min_aligned"),
+        ({"zero_dtype": "float16"}, "rtn+min_aligned"),  # a float zero dtype is the min-aligned grid
+        ({"zero_point": "fixed_point"}, "rtn+fixed_point"),
+        ({"dither": "subtractive"}, "rtn+dither"),
+        ({"symmetric": True}, "rtn+sym"),
+        ({"smoothing": "channel_mean", "rotation": "hadamard"}, "quarot+rtn+channel_mean"),
     ],
 )
 def test_label(overrides, label):

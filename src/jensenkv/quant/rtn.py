@@ -10,16 +10,25 @@ Groups (a statistic tensor of shape (b, h, S_groups, D_groups) describes them):
   token_group one per token and g contiguous channels              stats (B, H, S, D / g)
   channel     one per channel and g consecutive tokens (KIVI keys) stats (B, H, ceil(S / g), D)
 
-Exactness: the step is rounded UP into `scale_dtype` and the zero point is computed from that
-stored step, so dequantization uses exactly the stored values and |x_hat - x| <= D_stored / 2.
-An integer zero point z = round(-min / D) is stored in zero_dtype (int8 by default: the paper's
-8-bit zero; stored centred as z - 2^(B-1)). Since round is odd-symmetric, round(x/D) + z then lands exactly on [0, 2^B - 1] for
-the group's min and max, with no widening of the range; only groups whose z does not fit the dtype
-(|min| > 127 steps from 0 for int8, or min > 0 for uint8) fall back to a range widened to include
-0. A float zero dtype stores the group minimum itself (KIVI, HF quanto), rounded down into that
-dtype, and x_hat = code * D + min: the step spans [stored min, max], so the bound holds at any
-offset (a large offset costs resolution, not the bound). Constant groups get the step |value|
-(1 at zero): finite, and exact when |value| is representable in scale_dtype.
+Exactness: the step is rounded UP into `scale_dtype` (float16 / bfloat16 / float32 / fp8 e4m3) and the
+zero point is computed from that stored step, so dequantization uses exactly the stored values and
+|x_hat - x| <= D_stored / 2 for every zero-point convention (`zero_point`, one definition each):
+- integer: z = round(-min / D) in zero_dtype (uint8, the default; or int8, stored centred as
+  z - 2^(B-1)); a grid level sits at exactly 0. Since round is odd-symmetric, round(x/D) + z lands on
+  [0, 2^B - 1] for the group's min and max with no widening; only groups whose z does not fit the dtype
+  (|min| > 127 steps from 0 for int8, or min > 0 for uint8) fall back to a range widened to include 0.
+  Cost: 1 byte per group.
+- fixed_point: z = round(-min / D * 2^F) / 2^F stored as an int8 with F = 7 - B fractional bits
+  (INT2: F = 5, z in [-4, 4)); x_hat = (code - z) * D, so code 0 lies within D / 2^(F+1) of the minimum.
+  Groups with z out of range widen to include 0, as integer ones do. Cost: 1 byte per group.
+- min_aligned: the group minimum itself (KIVI, HF quanto), rounded down into a float dtype, and
+  x_hat = code * D + min: the step spans [stored min, max], so the bound holds at any offset (a large
+  offset costs resolution, not the bound). Cost: the float dtype's bytes per group.
+Subtractive dither (min_aligned only): code = round((x - min) / D + u) with u ~ U[-1/2, 1/2) regenerated
+from a stored (seed, counter), x_hat = (code - u) * D + min: nothing clamps, so the error is exactly
+uniform on [-D/2, D/2) and independent of x (Schuchman). Cost: 16 bytes per tensor.
+Constant groups get the step |value| (1 at zero): finite, and exact when |value| is representable
+in scale_dtype.
 """
 from __future__ import annotations
 
@@ -28,14 +37,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from jensenkv.quant.config import FIXED_POINT_MAX_BITS, ZERO_POINTS, fixed_point_frac_bits
 from jensenkv.quant.packing import pack_codes, unpack_codes
 from jensenkv.quant.steps import GroupSteps
 from jensenkv.quant.tensors import QuantizedTensor, tensor_nbytes
 
 if TYPE_CHECKING:
+    from jensenkv.quant.dither import DitherDraw
     from jensenkv.quant.hadamard import RandomHadamard
 
-_INT_VIEW = {2: torch.int16, 4: torch.int32}
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,9 @@ def round_up_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     stored = x.to(dtype)
     if dtype == torch.float32:
         return stored
+    if bool((x > torch.finfo(dtype).max).any()):  # fp8 saturates instead of overflowing: the bound would break
+        raise ValueError(f"a quantization step of {float(x.max()):.4g} does not fit scale_dtype={dtype} "
+                         f"(max {torch.finfo(dtype).max}): choose a wider quant.scale_dtype")
     too_small = stored.float() < x
     # Positive floats are ordered like their bit patterns: +1 on the integer view is the next value up.
     bumped = (stored.view(_INT_VIEW[stored.element_size()]) + 1).view(dtype)
@@ -98,6 +112,9 @@ def round_down_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     stored = x.to(dtype)
     if dtype == torch.float32:
         return stored
+    if bool((x < -torch.finfo(dtype).max).any()):  # fp8 saturates: the stored minimum would exceed the group's
+        raise ValueError(f"a group minimum of {float(x.min()):.4g} does not fit dtype={dtype} "
+                         f"(min {-torch.finfo(dtype).max}): choose a wider quant.scale_dtype / zero_dtype")
     too_big = stored.float() > x
     bits = stored.view(_INT_VIEW[stored.element_size()])
     sign = torch.iinfo(bits.dtype).min  # the sign bit alone: -0.0
@@ -119,20 +136,27 @@ class RTNTensor(QuantizedTensor):
         bits: int,
         layout: GroupLayout,
         rotation: RandomHadamard | None = None,
+        zero_point: str | None = None,
+        dither: DitherDraw | None = None,
     ):
         self.packed = packed  # (ceil(B*H*S*D*bits/8),) uint8
         self.step = step  # (b, h, S_groups, D_groups) in scale_dtype
-        # like step, in zero_dtype; None when symmetric. Integer dtypes: the zero point in codes (int8 centred);
-        # float dtypes: the group minimum itself (the value code 0 stands for).
+        # like step; None when symmetric. integer: the zero point in codes (int8 stored centred); fixed_point:
+        # int8 zero * 2^F; min_aligned: the group minimum itself (the value code 0 stands for), in a float dtype.
         self.zero = zero
+        self.zero_point = zero_point if zero is not None else None
+        if zero is not None and zero_point is None:  # the convention the dtype implies (older call sites)
+            self.zero_point = "min_aligned" if zero.dtype.is_floating_point else "integer"
         self.bits = bits
         self.layout = layout
         self.shape = layout.shape
         self.rotation = rotation
+        self.dither = dither  # (seed, counter) that regenerate the subtracted offsets; None: no dither
 
     @property
     def nbytes(self) -> int:
-        return tensor_nbytes(self.packed, self.step, self.zero)
+        dither = self.dither.nbytes if self.dither is not None else 0
+        return tensor_nbytes(self.packed, self.step, self.zero) + dither
 
     def codes(self) -> torch.Tensor:
         """(B, H, S, D) uint8 codes."""
@@ -140,25 +164,47 @@ class RTNTensor(QuantizedTensor):
 
     def _dequantize_rotated(self) -> torch.Tensor:
         step = self.layout.to_elements(self.step.float())  # (B, H, S, D)
-        if self.zero is not None and self.zero.dtype.is_floating_point:
-            return self.codes().float() * step + self.layout.to_elements(self.zero.float())  # code 0 = group minimum
+        codes = self.codes().float()  # (B, H, S, D)
+        if self.zero_point == "min_aligned":
+            if self.dither is not None:
+                codes = codes - self.dither.offsets(self.shape, codes.device)  # subtract the same offset
+            return codes * step + self.layout.to_elements(self.zero.float())  # code 0 = group minimum
         if self.zero is None:
             zero = torch.tensor(float(1 << (self.bits - 1)), device=step.device)
+        elif self.zero_point == "fixed_point":
+            zero = self.layout.to_elements(self.zero.float() / (1 << fixed_point_frac_bits(self.bits)))
         else:
             zero = self.layout.to_elements(self.zero.float() + zero_offset(self.zero.dtype, self.bits))  # (B, H, S, D)
-        return (self.codes().float() - zero) * step
+        return (codes - zero) * step
 
     def token_steps(self) -> torch.Tensor:
         """(B, H, S, G) float32 steps: each token's step per channel group (rotated basis)."""
         return self.layout.to_tokens(self.step.float()).contiguous()
 
     def group_steps(self) -> GroupSteps:
+        """The stored steps: every convention here (integer, min-aligned, fixed-point zero, symmetric, dithered)
+        keeps |error| <= step / 2, and with dither the error is exactly U(-step/2, step/2)."""
         return GroupSteps(step=self.token_steps(), rotation=self.rotation)
 
 
 def zero_offset(zero_dtype: torch.dtype, bits: int) -> int:
     """An int8 zero point is stored centred (z - 2^(B-1)) so that every z in [0, 2^B - 1] fits."""
     return 1 << (bits - 1) if zero_dtype == torch.int8 else 0
+
+
+def _check_convention(zero_point: str, zero_dtype: torch.dtype, symmetric: bool, bits: int,
+                      dither: DitherDraw | None) -> None:
+    if zero_point not in ZERO_POINTS:
+        raise ValueError(f"zero_point={zero_point!r} is not allowed: must be one of {ZERO_POINTS}")
+    if (zero_point == "min_aligned") != zero_dtype.is_floating_point:
+        raise ValueError(f"zero_point={zero_point!r} is not allowed with zero_dtype={zero_dtype}: min_aligned stores "
+                         "the minimum in a float dtype, integer and fixed_point zeros an integer one")
+    if zero_point == "fixed_point" and (zero_dtype != torch.int8 or bits > FIXED_POINT_MAX_BITS):
+        raise ValueError(f"zero_point='fixed_point' is not allowed with zero_dtype={zero_dtype}, bits={bits}: "
+                         f"it is an int8 with 7 - bits fractional bits, bits <= {FIXED_POINT_MAX_BITS}")
+    if dither is not None and (symmetric or zero_point != "min_aligned"):
+        raise ValueError(f"dither is not allowed with symmetric={symmetric}, zero_point={zero_point!r}: "
+                         "subtractive dither needs the asymmetric min-aligned grid")
 
 
 def rtn_quantize(
@@ -170,14 +216,25 @@ def rtn_quantize(
     scale_dtype: torch.dtype = torch.float16,
     zero_dtype: torch.dtype = torch.int8,
     rotation: RandomHadamard | None = None,
+    zero_point: str | None = None,
+    dither: DitherDraw | None = None,
 ) -> RTNTensor:
-    """Quantize x (B, H, S, D) (already rotated if `rotation` is given, which is only recorded)."""
+    """Quantize x (B, H, S, D) (already rotated if `rotation` is given, which is only recorded).
+
+    zero_point: None derives it from zero_dtype (float: min_aligned, integer: integer). dither: the draw whose
+    offsets are added before rounding (min-aligned grid only).
+    """
     x = x.float()
+    if zero_point is None:
+        zero_point = "min_aligned" if zero_dtype.is_floating_point else "integer"
+    _check_convention(zero_point, zero_dtype, symmetric, bits, dither)
     layout = GroupLayout(granularity, group_size, tuple(x.shape))
     mn, mx = layout.group_min_max(x)  # (b, h, S_groups, D_groups)
     levels = (1 << bits) - 1
-    integer_zero = not zero_dtype.is_floating_point
-    if not symmetric and not integer_zero:
+    lattice = not symmetric and zero_point != "min_aligned"  # integer / fixed-point zero: z in units of 1 / res
+    res = 1 << fixed_point_frac_bits(bits) if zero_point == "fixed_point" else 1
+    offset = zero_offset(zero_dtype, bits) if zero_point == "integer" else 0
+    if not symmetric and not lattice:
         # A float zero stores the group minimum (KIVI, HF quanto) rounded DOWN into zero_dtype: the range from
         # the stored minimum still covers the group, the step below absorbs the rounding, and the bound holds
         # at any offset (a zero point -min/step in float16 loses it once |min/step| > 2048).
@@ -189,10 +246,10 @@ def rtn_quantize(
         step = torch.maximum(-mn, mx) / ((1 << (bits - 1)) - 1)
     else:
         step = (mx - mn) / levels
-        if integer_zero:
+        if lattice:
             # Groups whose zero point would not fit the integer dtype: widen their range to include 0.
-            info, offset = torch.iinfo(zero_dtype), zero_offset(zero_dtype, bits)
-            z = torch.round(-mn / round_up_to_dtype(step, scale_dtype).float()) - offset
+            info = torch.iinfo(zero_dtype)
+            z = torch.round(-mn / round_up_to_dtype(step, scale_dtype).float() * res) - offset
             bad = (z < info.min) | (z > info.max)
             mn = torch.where(bad, mn.clamp(max=0.0), mn)
             mx = torch.where(bad, mx.clamp(min=0.0), mx)
@@ -202,18 +259,24 @@ def rtn_quantize(
 
     if symmetric:
         zero, zero_f = None, float(1 << (bits - 1))
-    elif integer_zero:
-        info, offset = torch.iinfo(zero_dtype), zero_offset(zero_dtype, bits)
-        zero = (torch.round(-mn / step_f) - offset).clamp(info.min, info.max).to(zero_dtype)
-        zero_f = zero.float() + offset
+    elif lattice:
+        # |z / res + min / step| <= 1 / (2 res): code 0 sits within step / 2 of the minimum, so the bound holds.
+        info = torch.iinfo(zero_dtype)
+        zero = (torch.round(-mn / step_f * res) - offset).clamp(info.min, info.max).to(zero_dtype)
+        zero_f = (zero.float() + offset) / res
     else:
         zero = mn.to(zero_dtype)  # exact: mn was rounded into zero_dtype above
         zero_f = mn
     step_e = layout.to_elements(step_f)  # (B, H, S, D)
     zero_e = layout.to_elements(zero_f) if isinstance(zero_f, torch.Tensor) else zero_f
-    if integer_zero or symmetric:
+    if symmetric or zero_point == "integer":
         codes = torch.round(x / step_e) + zero_e
+    elif lattice:
+        codes = torch.round(x / step_e + zero_e)  # a fractional zero: shift before rounding
     else:
-        codes = torch.round((x - zero_e) / step_e)  # (x - stored minimum) spans at most 2^B - 1 stored steps
+        t = (x - zero_e) / step_e  # in [0, 2^B - 1]: (x - stored minimum) spans at most 2^B - 1 stored steps
+        if dither is not None:
+            t = t + dither.offsets(tuple(x.shape), x.device)  # in [-1/2, 2^B - 1/2): rounds inside the grid
+        codes = torch.round(t)
     codes = codes.clamp(0, levels).to(torch.uint8)  # (B, H, S, D)
-    return RTNTensor(pack_codes(codes, bits), step, zero, bits, layout, rotation)
+    return RTNTensor(pack_codes(codes, bits), step, zero, bits, layout, rotation, zero_point, dither)
