@@ -51,7 +51,8 @@ DIMENSION_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "dynamic_degree": (("cv2", "opencv-python-headless"), ("easydict", "easydict")),
     "temporal_style": (("clip", "openai-clip"), ("pkg_resources", "setuptools<81")),
     "overall_consistency": (("clip", "openai-clip"), ("pkg_resources", "setuptools<81")),
-    "human_action": (("clip", "openai-clip"), ("timm", "timm"), ("numpy.lib.function_base", "numpy<2")),
+    "human_action": (("clip", "openai-clip"), ("timm", "timm"),
+                     ("numpy.lib.function_base", "numpy<2, in a separate environment")),
     "temporal_flickering": (("cv2", "opencv-python-headless"),),
 }
 # VBench refuses these in custom_input mode: they need its own prompt suite and auxiliary info.
