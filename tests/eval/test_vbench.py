@@ -1,6 +1,7 @@
 """VBench through VBench's own code: weight checks before any call (no wget), temporal_flickering on real mp4s."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 
 import pytest
@@ -145,3 +146,17 @@ def test_a_failing_dimension_is_recorded_missing_and_the_others_still_score(tmp_
                              work_dir=tmp_path)
     assert result.used == ["temporal_flickering"] and result.per_video["temporal_flickering"]["still.mp4"] > 0.99
     assert "RuntimeError: DINO checkpoint is not a state dict" in result.missing["subject_consistency"]
+
+
+_SCORER_PACKAGES = ("clip", "pyiqa", "timm", "pkg_resources")
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in _SCORER_PACKAGES),
+                    reason="VBench's scorer packages are not in this environment (`make setup` installs them)")
+def test_default_dimension_scorers_import():
+    """In a `make setup` environment every default dimension's scorer imports (openai-clip needs pkg_resources,
+    i.e. setuptools < 81; imaging_quality needs pyiqa and timm)."""
+    import importlib
+
+    for dim in DEFAULT_DIMENSIONS:
+        importlib.import_module(f"vbench.{dim}")
