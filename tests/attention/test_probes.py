@@ -118,9 +118,12 @@ def _peaky_case(dtype: torch.dtype = torch.float32):
 def test_jsd_stays_finite_and_bounded_when_attention_is_peaky() -> None:
     q, k_cur, v_cur, segments = _peaky_case()
     probes = attention_probes(q, k_cur, v_cur, segments, "none")
-    assert math.isfinite(probes["jsd"]) and 0.0 <= probes["jsd"] <= math.log(2)
-    # the float64 answer: p = [1 - e, e] vs [1, 0] with e = exp(-103.5): JSD ~ e * log 2
-    assert probes["jsd"] == pytest.approx(math.exp(-103.5) * math.log(2), abs=1e-44)
+    assert math.isfinite(probes["jsd"]) and 0.0 <= probes["jsd"] <= 1e-30  # ~ exp(-103.5) log(2) / 2
+    # less peaky, still p_ref = 0 in float32: rows [1 - e, e] vs [1, 0] have JSD = e log(2) / 2 + O(e^2)
+    segments[0].k[..., 0] = -20.0
+    probes = attention_probes(q, k_cur, v_cur, segments, "none")
+    e = math.exp(-20.0) / (1 + math.exp(-20.0))
+    assert probes["jsd"] == pytest.approx(0.5 * e * math.log(2), rel=1e-3)
     p = torch.tensor([[1.0, 1.4e-45], [1.0, 0.0]])  # a float32 denormal against an exact zero
     r = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
     js = jensen_shannon(p, r)

@@ -28,8 +28,9 @@ PROBE_KEYS = (
     "p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err", "bias_mean",
     "p_s_head_median", "delta_p_s_head_median",
 )
-# Elements of one (B, H, tile, K_total) score matrix; a handful of them live at once per tile.
-TILE_ELEMENTS = 1 << 24
+# Elements of one (B, H, tile, K_total) score matrix; a handful of them live at once per tile. Large tiles
+# keep a GPU busy; on the CPU smaller ones stay in cache.
+TILE_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 21}
 _LOG2 = math.log(2.0)
 
 
@@ -74,7 +75,8 @@ def attention_probes(
     head_p_s = torch.zeros(heads, dtype=acc, device=device)
     head_p_s_ref = torch.zeros(heads, dtype=acc, device=device)
     sums = torch.zeros(4, dtype=acc, device=device)  # jsd, squared error, squared reference, bias
-    tile = max(1, min(query_tile, TILE_ELEMENTS // max(1, batch * heads * keys.shape[2])))
+    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cpu"])
+    tile = max(1, min(query_tile, budget // max(1, batch * heads * keys.shape[2])))
     for start in range(0, n_q, tile):
         rows = slice(start, start + tile)
         q_tile = qw[:, :, rows]  # (B, H, t, D)
@@ -88,7 +90,7 @@ def attention_probes(
         p, r = log_p.exp(), log_r.exp()
         head_p_s += p[..., :n_cached].sum((0, 2, 3))  # (H,)
         head_p_s_ref += r[..., :n_cached].sum((0, 2, 3))
-        sums[0] += jensen_shannon_log(log_p, log_r).sum()
+        sums[0] += _jensen_shannon_finite(p, r, log_p, log_r).sum()
         out, out_ref = p @ values, r @ values_ref  # (B, H, t, Dv)
         sums[1] += (out - out_ref).square().sum()
         sums[2] += out_ref.square().sum()
@@ -168,6 +170,18 @@ def _ref(seg: SegmentLike, name: str) -> torch.Tensor:
     """The segment's full-precision k/v if kept, else its (possibly quantized) own."""
     ref = getattr(seg, f"{name}_ref", None)
     return getattr(seg, name) if ref is None else ref
+
+
+def _jensen_shannon_finite(p: torch.Tensor, r: torch.Tensor, log_p: torch.Tensor,
+                           log_r: torch.Tensor) -> torch.Tensor:
+    """``jensen_shannon_log`` for finite log-probabilities (finite scores), given their exponentials too.
+
+    With d = log r - log p and s = softplus(d) = log(1 + r/p): log p - log m = log 2 - s and
+    log r - log m = log 2 - s + d, so 2 JSD = sum (p + r)(log 2 - s) + r d: one transcendental per element.
+    """
+    d = log_r - log_p  # (..., K)
+    s = torch.nn.functional.softplus(d)
+    return (0.5 * ((p + r) * (_LOG2 - s) + r * d).sum(-1)).clamp(0.0, _LOG2)
 
 
 def jensen_shannon_log(log_p: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:
