@@ -139,7 +139,8 @@ def lpips_items(net: str) -> list[Item]:
 
 def vbench_items(dimensions: list[str]) -> list[Item]:
     """One item per file the dimensions read (jensenkv.eval.vbench.dimension_weight_paths), links last."""
-    from jensenkv.eval.vbench import DIMENSION_FILES, dimension_weight_paths, torch_hub_checkpoints_dir, vbench_cache_dir
+    from jensenkv.eval.vbench import (DIMENSION_FILES, dimension_weight_paths, torch_hub_checkpoints_dir,
+                                      vbench_cache_dir)
 
     cache, hub = vbench_cache_dir(), torch_hub_checkpoints_dir()
     items: dict[Path, Item] = {}
@@ -264,7 +265,8 @@ def missing_packages(dimensions: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"), default=["lpips", "vbench", "models"])
+    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"),
+                        default=["lpips", "vbench", "models"])
     parser.add_argument("--lpips-net", default=None, help="alex | vgg | squeeze (default: eval config)")
     parser.add_argument("--vbench-dims", nargs="+", default=None, help="default: the eval config's dimensions")
     parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers one)")

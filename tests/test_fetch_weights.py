@@ -158,7 +158,8 @@ def test_models_are_fetched_into_the_cache_the_loader_reads(fw, tmp_path, monkey
 
     (tmp_path / "configs" / "model" / "sf.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "configs" / "eval").mkdir()
-    (tmp_path / "configs" / "eval" / "default.yaml").write_text((ROOT / "configs" / "eval" / "default.yaml").read_text())
+    eval_default = (ROOT / "configs" / "eval" / "default.yaml").read_text()
+    (tmp_path / "configs" / "eval" / "default.yaml").write_text(eval_default)
     monkeypatch.setattr(fw, "CONFIG_DIR", tmp_path / "configs")
     assert check_model("sf", cfg).ready is False
     assert fw.main(["--only", "models"]) == 0

@@ -122,7 +122,8 @@ def test_dino_weights_are_looked_for_where_dinos_hubconf_reads_them(tmp_path, mo
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     _fake_subject_consistency_weights(tmp_path / "vb", tmp_path / "torch", in_hub=False)
     reason = dimension_missing_reason("subject_consistency", cache_dir=tmp_path / "vb")
-    assert reason is not None and str(tmp_path / "torch" / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth") in reason
+    hub_file = tmp_path / "torch" / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth"
+    assert reason is not None and str(hub_file) in reason
     (tmp_path / "torch" / "hub" / "checkpoints").mkdir(parents=True)
     (tmp_path / "torch" / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth").write_bytes(b"")
     assert dimension_missing_reason("subject_consistency", cache_dir=tmp_path / "vb") is None

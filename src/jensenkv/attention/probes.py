@@ -142,7 +142,8 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
     use_series = ((q_maxes == 0) | (bounds <= SERIES_MAX_ARG)).tolist()  # one host read for all segments
     for (offset, width, _), qb, step, q_max, series in zip(entries, based, steps_w, q_maxes, use_series):
         if series:
-            q_cols, k_cols = exact_series_columns(qb, step, scale, q_max, _SERIES_TERMS_GROUP)  # (B, H, Q, G*N), (B, H, K_i, G*N)
+            # (B, H, Q, G*N), (B, H, K_i, G*N)
+            q_cols, k_cols = exact_series_columns(qb, step, scale, q_max, _SERIES_TERMS_GROUP)
             k_t = k_cols.transpose(-1, -2) * strength
             out.append((offset, width, lambda rows, a=q_cols, b=k_t: a[:, :, rows] @ b))
         else:

@@ -1,9 +1,10 @@
 """Fidelity of a quantized video to its BF16 reference: PSNR, SSIM (torchmetrics) and LPIPS (lpips).
 
 Videos are (F, C, H, W) float in [0, 1] (or uint8). PSNR is computed from the MSE over the whole video (one
-number per video), SSIM is the mean over frames; both run on the model's device in batches of frames. LPIPS needs a torchvision backbone file that this suite never
-downloads: ``lpips_availability`` checks for it BEFORE anything is constructed, and a missing file is
-reported as a missing metric with the file name and where to put it (``make fetch-weights`` fetches it).
+number per video), SSIM is the mean over frames; both run on the model's device in batches of frames.
+LPIPS needs a torchvision backbone file that this suite never downloads: ``lpips_availability`` checks for
+it BEFORE anything is constructed, and a missing file is reported as a missing metric with the file name
+and where to put it (``make fetch-weights`` fetches it).
 """
 from __future__ import annotations
 
