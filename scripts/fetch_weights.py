@@ -137,10 +137,15 @@ def lpips_items(net: str) -> list[Item]:
     return [Item(f"LPIPS backbone ({net})", lpips_backbone_path(net), url, urls=(url,))]
 
 
+def vbench_cache_dir() -> Path:
+    """The folder VBench reads in the run's process: $VBENCH_CACHE_DIR (read when vbench is imported), else
+    ~/.cache/vbench."""
+    return Path(os.environ.get("VBENCH_CACHE_DIR") or Path.home() / ".cache" / "vbench")
+
+
 def vbench_items(dimensions: list[str]) -> list[Item]:
     """One item per file the dimensions read (jensenkv.eval.vbench.dimension_weight_paths), links last."""
-    from jensenkv.eval.vbench import (DIMENSION_FILES, dimension_weight_paths, torch_hub_checkpoints_dir,
-                                      vbench_cache_dir)
+    from jensenkv.eval.vbench import DIMENSION_FILES, dimension_weight_paths, torch_hub_checkpoints_dir
 
     cache, hub = vbench_cache_dir(), torch_hub_checkpoints_dir()
     items: dict[Path, Item] = {}
