@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights figures clean
+.PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
-	# VBench's own pins conflict with diffusers: install its code without them, plus what its scoring imports.
+	# VBench's own pins conflict with diffusers: install its code without them, plus what the default
+	# dimensions' scorers import (openai-clip needs pkg_resources, gone from setuptools >= 81).
 	$(PY) -m pip install -q --no-deps vbench==0.1.5
-	$(PY) -m pip install -q decord==0.6.0 opencv-python-headless easydict
+	$(PY) -m pip install -q decord==0.6.0 opencv-python-headless easydict openai-clip pyiqa timm "setuptools<81"
 	touch $(STAMP)
 
 test: setup ## run the test suite (fast tests; CI runs this)
@@ -42,7 +43,10 @@ bench: setup ## benchmarks -> results/bench.csv and results/bench.md
 	$(PY) scripts/bench.py
 
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
-	$(PY) scripts/fetch_weights.py
+	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py  # the one target that may reach the Hub
+
+check-weights: setup ## which models, metrics and VBench dimensions are ready here, with every path looked in
+	$(PY) -m jensenkv.doctor
 
 clean: ## remove run outputs (keeps committed tables and figures)
 	rm -rf outputs multirun results/runs results/refs results/wandb

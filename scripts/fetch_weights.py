@@ -1,9 +1,15 @@
-"""Download the weights the suite never fetches at run time, into the caches the libraries read.
+"""Download the weights the suite never fetches at run time, into exactly the places the consuming code reads.
 
 Run on a machine with internet (``make fetch-weights``), then copy the caches if needed:
 
   * LPIPS backbone (torchvision)  -> $TORCH_HOME/hub/checkpoints/<file>   (default ~/.cache/torch)
   * VBench dimension weights      -> $VBENCH_CACHE_DIR/...                (default ~/.cache/vbench)
+  * DINO ViT-B/16 (subject_consistency) -> $TORCH_HOME/hub/checkpoints/dino_vitbase16_pretrain.pth, where
+                                     DINO's hubconf reads it, plus a hard link (or copy) at VBench's
+                                     dino_model/ path, whose presence only stops VBench's own wget
+  * CLIP ViT-B/32, ViT-L/14       -> $VBENCH_CACHE_DIR/clip_model/, from a mirror of OpenAI's files
+                                     (openaipublic.azureedge.net returns 404, openai/CLIP#516), accepted
+                                     only when the SHA256 equals the one in OpenAI's original URL
   * real model checkpoints        -> the Hugging Face cache (HF_HUB_CACHE / model.cache_dir) and, for
                                      Self-Forcing, the file named by model.transformer_checkpoint
 
@@ -13,16 +19,18 @@ Run on a machine with internet (``make fetch-weights``), then copy the caches if
 
 Which LPIPS network and VBench dimensions: the default eval config (configs/eval/default.yaml), unless
 given with --lpips-net / --vbench-dims. Which models: every configs/model/*.yaml with kind: diffusers,
-unless given with --models.
+unless given with --models. The destinations come from the consuming code (jensenkv.eval.vbench,
+jensenkv.eval.fidelity); ``python -m jensenkv.doctor`` checks them afterwards.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,47 +41,57 @@ LPIPS_URLS = {
     "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth",
     "squeeze": "https://download.pytorch.org/models/squeezenet1_1-b8a52dc0.pth",
 }
-_CLIP = "https://openaipublic.azureedge.net/clip/models"
-_VBENCH_HF = "https://huggingface.co/OpenGVLab/VBench_Used_Models/resolve/main"
-# (file under $VBENCH_CACHE_DIR, URL) per dimension, as vbench 0.1.5 (utils.init_submodules) fetches them.
-VBENCH_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
-    "subject_consistency": (
-        ("dino_model/facebookresearch_dino_main/hubconf.py",
-         "https://github.com/facebookresearch/dino/archive/refs/heads/main.zip"),
-        ("dino_model/dino_vitbase16_pretrain.pth",
-         "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"),
-    ),
-    "background_consistency": (
-        ("clip_model/ViT-B-32.pt", f"{_CLIP}/40d365715913c9da98579312b702a82c18be219cc2a73407c4526f58eba950af/ViT-B-32.pt"),
-    ),
-    "aesthetic_quality": (
-        ("clip_model/ViT-L-14.pt", f"{_CLIP}/b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836/ViT-L-14.pt"),
-        ("aesthetic_model/emb_reader/sa_0_4_vit_l_14_linear.pth",
-         "https://github.com/LAION-AI/aesthetic-predictor/raw/main/sa_0_4_vit_l_14_linear.pth"),
-    ),
-    "imaging_quality": (
-        ("pyiqa_model/musiq_spaq_ckpt-358bb6af.pth",
-         "https://github.com/chaofengc/IQA-PyTorch/releases/download/v0.1-weights/musiq_spaq_ckpt-358bb6af.pth"),
-    ),
-    "motion_smoothness": (("amt_model/amt-s.pth", "https://huggingface.co/lalala125/AMT/resolve/main/amt-s.pth"),),
-    "dynamic_degree": (
-        ("raft_model/models/raft-things.pth", "https://dl.dropboxusercontent.com/s/4j4z58wuv8o0mfz/models.zip"),
-    ),
-    "temporal_style": (
-        ("ViCLIP/ViClip-InternVid-10M-FLT.pth", f"{_VBENCH_HF}/ViClip-InternVid-10M-FLT.pth"),
-        ("ViCLIP/bpe_simple_vocab_16e6.txt.gz",
-         "https://raw.githubusercontent.com/openai/CLIP/main/clip/bpe_simple_vocab_16e6.txt.gz"),
-    ),
-    "human_action": (
-        ("umt_model/l16_ptk710_ftk710_ftk400_f16_res224.pth", f"{_VBENCH_HF}/l16_ptk710_ftk710_ftk400_f16_res224.pth"),
-    ),
-    "temporal_flickering": (),
+# OpenAI's CLIP files: the original URL path holds the file's SHA256. The CDN now answers 404
+# (openai/CLIP#516), so a mirror of the same files comes first (Jina AI's clip-as-service models on the
+# Hugging Face Hub); a download is kept only if its SHA256 equals OpenAI's.
+_CLIP_OPENAI = "https://openaipublic.azureedge.net/clip/models"
+_CLIP_MIRROR = "https://huggingface.co/jinaai/clip-models/resolve/main"
+CLIP_SHA256 = {
+    "ViT-B-32.pt": "40d365715913c9da98579312b702a82c18be219cc2a73407c4526f58eba950af",
+    "ViT-L-14.pt": "b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836",
 }
-VBENCH_SOURCES["overall_consistency"] = VBENCH_SOURCES["temporal_style"]
-# Python packages VBench scorers import that the suite does not install (pip names).
-VBENCH_PACKAGES = {"background_consistency": ("clip", "openai-clip"), "aesthetic_quality": ("clip", "openai-clip"),
-                   "temporal_style": ("clip", "openai-clip"), "overall_consistency": ("clip", "openai-clip"),
-                   "human_action": ("clip", "openai-clip"), "imaging_quality": ("pyiqa", "pyiqa")}
+# The URL in DINO's hubconf.dino_vitb16 (torch.hub.load_state_dict_from_url): the file name torch hub reads.
+DINO_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"
+_VBENCH_HF = "https://huggingface.co/OpenGVLab/VBench_Used_Models/resolve/main"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one file comes from: URLs tried in order, an optional SHA256 every download must match."""
+
+    urls: tuple[str, ...]
+    sha256: str | None = None
+    kind: str = "file"  # file | zip-dir (GitHub archive -> folder) | zip-raft (models.zip) | link (to another target)
+
+
+def _clip(name: str) -> Source:
+    sha = CLIP_SHA256[name]
+    return Source((f"{_CLIP_MIRROR}/{name}", f"{_CLIP_OPENAI}/{sha}/{name}"), sha)
+
+
+# Sources of the files under $VBENCH_CACHE_DIR (the keys are jensenkv.eval.vbench.DIMENSION_FILES' paths).
+VBENCH_SOURCES: dict[str, Source] = {
+    "dino_model/facebookresearch_dino_main/hubconf.py": Source(
+        ("https://github.com/facebookresearch/dino/archive/refs/heads/main.zip",), kind="zip-dir"),
+    # VBench only checks that this file exists (else it runs wget); DINO reads the torch hub copy
+    "dino_model/dino_vitbase16_pretrain.pth": Source(("torch-hub:dino_vitbase16_pretrain.pth",), kind="link"),
+    "clip_model/ViT-B-32.pt": _clip("ViT-B-32.pt"),
+    "clip_model/ViT-L-14.pt": _clip("ViT-L-14.pt"),
+    "aesthetic_model/emb_reader/sa_0_4_vit_l_14_linear.pth": Source(
+        ("https://github.com/LAION-AI/aesthetic-predictor/raw/main/sa_0_4_vit_l_14_linear.pth",)),
+    "pyiqa_model/musiq_spaq_ckpt-358bb6af.pth": Source(
+        ("https://github.com/chaofengc/IQA-PyTorch/releases/download/v0.1-weights/musiq_spaq_ckpt-358bb6af.pth",)),
+    "amt_model/amt-s.pth": Source(("https://huggingface.co/lalala125/AMT/resolve/main/amt-s.pth",)),
+    "raft_model/models/raft-things.pth": Source(("https://dl.dropboxusercontent.com/s/4j4z58wuv8o0mfz/models.zip",),
+                                                kind="zip-raft"),
+    "ViCLIP/ViClip-InternVid-10M-FLT.pth": Source((f"{_VBENCH_HF}/ViClip-InternVid-10M-FLT.pth",)),
+    "ViCLIP/bpe_simple_vocab_16e6.txt.gz": Source(
+        ("https://raw.githubusercontent.com/openai/CLIP/main/clip/bpe_simple_vocab_16e6.txt.gz",)),
+    "umt_model/l16_ptk710_ftk710_ftk400_f16_res224.pth": Source(
+        (f"{_VBENCH_HF}/l16_ptk710_ftk710_ftk400_f16_res224.pth",)),
+}
+# Sources of the files under $TORCH_HOME/hub/checkpoints (jensenkv.eval.vbench.TORCH_HUB_FILES).
+TORCH_HUB_SOURCES: dict[str, Source] = {"dino_vitbase16_pretrain.pth": Source((DINO_URL,))}
 # Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
 CHECKPOINT_SOURCES = {"self_forcing_dmd.pt": ("gdhe17/Self-Forcing", "checkpoints/self_forcing_dmd.pt")}
 MAGI_SPECIAL_TOKENS_URL = "https://raw.githubusercontent.com/SandAI-org/MAGI-1/main/example/assets/special_tokens.npz"
@@ -85,8 +103,10 @@ class Item:
 
     what: str
     target: Path
-    source: str
-    kind: str = "file"  # file | zip-dir (GitHub archive -> folder) | zip-raft | hf-snapshot | hf-file
+    source: str  # the first URL, a Hub repo id, "repo::file", or (kind link) the path linked to
+    kind: str = "file"  # file | zip-dir | zip-raft | link | hf-snapshot | hf-file
+    urls: tuple[str, ...] = field(default=())
+    sha256: str | None = None
     patterns: tuple[str, ...] | None = None  # hf-snapshot: only these files of the repo (MAGI-1: one variant)
 
     @property
@@ -117,31 +137,44 @@ def default_eval() -> dict:
 
 
 def lpips_items(net: str) -> list[Item]:
-    import torch
+    from jensenkv.eval.fidelity import lpips_backbone_path
 
     if net not in LPIPS_URLS:
         raise ValueError(f"--lpips-net={net!r} is not allowed: use one of {tuple(LPIPS_URLS)}")
     url = LPIPS_URLS[net]
-    return [Item(f"LPIPS backbone ({net})", Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[1], url)]
+    return [Item(f"LPIPS backbone ({net})", lpips_backbone_path(net), url, urls=(url,))]
 
 
 def vbench_cache_dir() -> Path:
+    """The folder VBench reads in the run's process: $VBENCH_CACHE_DIR (read when vbench is imported), else
+    ~/.cache/vbench."""
     return Path(os.environ.get("VBENCH_CACHE_DIR") or Path.home() / ".cache" / "vbench")
 
 
 def vbench_items(dimensions: list[str]) -> list[Item]:
-    cache = vbench_cache_dir()
-    items, seen = [], set()
+    """One item per file the dimensions read (jensenkv.eval.vbench.dimension_weight_paths), links last."""
+    from jensenkv.eval.vbench import DIMENSION_FILES, dimension_weight_paths, torch_hub_checkpoints_dir
+
+    cache, hub = vbench_cache_dir(), torch_hub_checkpoints_dir()
+    items: dict[Path, Item] = {}
     for dim in dimensions:
-        if dim not in VBENCH_SOURCES:
-            raise ValueError(f"--vbench-dims contains {dim!r}, which is not allowed: use {sorted(VBENCH_SOURCES)}")
-        for rel, url in VBENCH_SOURCES[dim]:
-            if rel in seen:
+        if dim not in DIMENSION_FILES:
+            raise ValueError(f"--vbench-dims contains {dim!r}, which is not allowed: use {sorted(DIMENSION_FILES)}")
+        for path in dimension_weight_paths(dim, cache):
+            if path in items:
                 continue
-            seen.add(rel)
-            kind = "zip-dir" if rel.endswith("hubconf.py") else ("zip-raft" if url.endswith("models.zip") else "file")
-            items.append(Item(f"VBench {dim}", cache / rel, url, kind))
-    return items
+            if path.parent == hub and path.name in TORCH_HUB_SOURCES:
+                src = TORCH_HUB_SOURCES[path.name]
+            elif path.is_relative_to(cache) and path.relative_to(cache).as_posix() in VBENCH_SOURCES:
+                src = VBENCH_SOURCES[path.relative_to(cache).as_posix()]
+            else:
+                raise ValueError(f"no known source for {path} (VBench dimension {dim}); copy it there by hand")
+            if src.kind == "link":
+                linked = hub / src.urls[0].split(":", 1)[1]
+                items[path] = Item(f"VBench {dim}", path, str(linked), "link")
+            else:
+                items[path] = Item(f"VBench {dim}", path, src.urls[0], src.kind, src.urls, src.sha256)
+    return sorted(items.values(), key=lambda item: item.kind == "link")  # stable: links after their files
 
 
 def model_items(names: list[str] | None) -> list[Item]:
@@ -191,7 +224,7 @@ def magi_items(name: str, cfg: dict) -> list[Item]:
         variant = cfg.get("variant") or PRESET_VARIANTS[cfg["preset"]]
         cache = Path(cfg.get("cache_dir") or constants.HF_HUB_CACHE).expanduser()
         patterns = (f"ckpt/magi/{variant}/*", f"ckpt/magi/{variant}/*/*", "ckpt/t5/*", "ckpt/t5/*/*", "ckpt/vae/*")
-        items.append(Item(f"model {name}", cache, str(cfg["path"]), "hf-snapshot", patterns))
+        items.append(Item(f"model {name}", cache, str(cfg["path"]), "hf-snapshot", patterns=patterns))
     if cfg.get("special_tokens"):
         items.append(Item(f"model {name} special tokens", Path(cfg["special_tokens_file"]).expanduser(),
                           MAGI_SPECIAL_TOKENS_URL))
@@ -199,8 +232,7 @@ def magi_items(name: str, cfg: dict) -> list[Item]:
 
 
 def fetch(item: Item) -> None:
-    """Download one item into place (temp file / folder, then rename)."""
-    import torch
+    """Fetch one item into place (temp file / folder in the destination's folder, then rename)."""
     from huggingface_hub import hf_hub_download, snapshot_download
 
     if item.kind == "hf-snapshot":
@@ -214,34 +246,64 @@ def fetch(item: Item) -> None:
             root = root.parent
         hf_hub_download(repo_id=repo, filename=in_repo, local_dir=str(root))
         return
+    if item.kind == "link":  # a second name for an already fetched file: hard link, else a copy
+        item.target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(item.source, item.target)
+        except OSError:
+            shutil.copyfile(item.source, item.target)
+        return
     # zip-dir: the archive's top folder BECOMES target.parent, so stage next to it, not inside it
     base = item.target.parent.parent if item.kind == "zip-dir" else item.target.parent
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        download = Path(tmp) / Path(item.source.split("?")[0]).name
-        torch.hub.download_url_to_file(item.source, str(download), progress=True)
+        download = Path(tmp) / Path(item.urls[0].split("?")[0]).name
+        download_first(item.urls, download, item.sha256)
         if item.kind == "file":
             os.replace(download, item.target)
         elif item.kind == "zip-dir":  # GitHub archive with one top folder -> the folder VBench expects
             with zipfile.ZipFile(download) as z:
-                z.extractall(tmp)
-            top = next(p for p in Path(tmp).iterdir() if p.is_dir())
+                z.extractall(Path(tmp) / "unpacked")
+            top = next(p for p in (Path(tmp) / "unpacked").iterdir() if p.is_dir())
             os.replace(top, item.target.parent)
         elif item.kind == "zip-raft":  # models.zip holds models/raft-things.pth
             with zipfile.ZipFile(download) as z:
                 z.extractall(item.target.parent.parent)
 
 
-def missing_packages(dimensions: list[str]) -> list[str]:
-    import importlib.util
+def download_first(urls: tuple[str, ...], destination: Path, sha256: str | None) -> str:
+    """Download the first URL that works (and, with sha256, whose SHA256 matches) to ``destination``.
 
-    need = {VBENCH_PACKAGES[d] for d in dimensions if d in VBENCH_PACKAGES}
-    return sorted(pip for module, pip in need if importlib.util.find_spec(module) is None)
+    torch.hub.download_url_to_file checks the hash and removes a mismatching file. Returns the URL used;
+    raises RuntimeError listing every URL's failure.
+    """
+    import torch
+
+    errors = []
+    for url in urls:
+        try:
+            torch.hub.download_url_to_file(url, str(destination), hash_prefix=sha256, progress=True)
+            return url
+        except Exception as e:  # noqa: BLE001 - 404, network, hash mismatch: try the next source
+            destination.unlink(missing_ok=True)
+            errors.append(f"{url}: {type(e).__name__}: {e}")
+    raise RuntimeError("no source worked" + (f" (expected SHA256 {sha256})" if sha256 else "") + ": "
+                       + " | ".join(errors))
+
+
+def missing_packages(dimensions: list[str]) -> list[str]:
+    """pip requirements of the dimensions' scorer modules that do not import here."""
+    from jensenkv.doctor import import_error
+    from jensenkv.eval.vbench import DIMENSION_PACKAGES
+
+    need = {pair for d in dimensions for pair in DIMENSION_PACKAGES.get(d, ())}
+    return sorted({pip for module, pip in need if import_error(module) is not None})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"), default=["lpips", "vbench", "models"])
+    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"),
+                        default=["lpips", "vbench", "models"])
     parser.add_argument("--lpips-net", default=None, help="alex | vgg | squeeze (default: eval config)")
     parser.add_argument("--vbench-dims", nargs="+", default=None, help="default: the eval config's dimensions")
     parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers / magi one)")
@@ -273,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     if "vbench" in args.only:
         packages = missing_packages(dims)
         if packages:
-            print(f"note: VBench also needs these Python packages for the chosen dimensions: "
-                  f"pip install {' '.join(packages)}")
+            print("note: the chosen VBench dimensions also need these Python packages (`make setup` installs "
+                  f"them): pip install {' '.join(repr(p) for p in packages)}")
     return 1 if failed else 0
 
 

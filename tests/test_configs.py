@@ -281,3 +281,19 @@ def test_magi_schedule_is_reachable_for_magi_and_refused_elsewhere(weights):
         precheck([f"model.weights_dir={weights}", "generation.magi.clean_t=0.5"])
     with pytest.raises(ValueError, match=r"generation.magi.cfg_number=2 is not allowed"):
         precheck(["model=magi1_tiny", "generation.magi.cfg_number=2"])
+
+
+@pytest.mark.parametrize("model", ["skyreels_v2_df_1_3b", "self_forcing_wan_1_3b", "magi1_4_5b", "magi1_4_5b_distill",
+                                   "magi1_24b", "magi1_24b_distill"])
+def test_real_model_probe_subsets_are_evenly_spaced_over_their_layers_and_steps(model):
+    """A probe subset naming a step or layer the model does not have would silently record nothing."""
+    from omegaconf import OmegaConf
+
+    from jensenkv.attention.probes import evenly_spaced
+
+    cfg = _compose(f"model={model}")
+    generation, attention = cfg.generation, cfg.attention
+    assert attention.probe_steps is None or list(attention.probe_steps) == \
+        list(evenly_spaced(generation.steps, len(attention.probe_steps)))
+    assert attention.probe_layers is not None and max(attention.probe_layers) >= 29
+    assert OmegaConf.select(cfg, "eval.probes") is None

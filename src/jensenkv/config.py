@@ -360,7 +360,9 @@ class AttentionConfig:
     backend: a kernel of jensenkv.attention.ATTENTION_BACKENDS: "cached" (fast CPU path), "reference" (the
         readable oracle), "flex" (GPU FlexAttention), or one registered there.
     correction: Jensen-bias correction of the cached scores; strength scales it (1.0: the paper's).
-    probe_layers: layers whose attention probes are recorded when eval.metrics has "attention" (null: all).
+    probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
+        eval.metrics has "attention" (null: all). Real models' presets set evenly spaced subsets
+        (jensenkv.attention.probes.evenly_spaced): every layer x step x chunk x branch is ~7,200 calls per video.
     probes: whether probes are recorded; a run derives it from eval.metrics, Python callers set it.
     """
 
@@ -368,6 +370,7 @@ class AttentionConfig:
     correction: str = "none"
     strength: float = 1.0
     probe_layers: Optional[list[int]] = None
+    probe_steps: Optional[list[int]] = None
     probes: bool = False
 
     def __post_init__(self) -> None:
@@ -376,17 +379,23 @@ class AttentionConfig:
         check_choice("attention.backend", self.backend, tuple(ATTENTION_BACKENDS))
         check_choice("attention.correction", self.correction, CORRECTIONS)
         check_finite("attention.strength", self.strength, 0)
-        if self.probe_layers is not None:
-            if isinstance(self.probe_layers, (str, bytes)):
-                fail("attention.probe_layers", self.probe_layers, "use null (all) or a list of layer indices")
-            self.probe_layers = sorted({int(i) for i in self.probe_layers if is_int(i)})
-            for i in self.probe_layers:
-                check_int("attention.probe_layers", i, 0)
+        for key in ("probe_layers", "probe_steps"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if isinstance(value, (str, bytes)) or not all(is_int(i) and i >= 0 for i in value):
+                fail(f"attention.{key}", value, "use null (all) or a list of integer indices >= 0")
+            setattr(self, key, sorted(set(value)))
         if not isinstance(self.probes, bool):
             fail("attention.probes", self.probes, "must be true or false")
 
     def validate(self) -> None:
         self.__post_init__()
+
+    def probes_at(self, layer: int, step: int | None) -> bool:
+        """Whether a probe is recorded for this layer and denoising step."""
+        return self.probes and (self.probe_layers is None or layer in self.probe_layers) and \
+            (self.probe_steps is None or step in self.probe_steps)
 
 
 @dataclass
@@ -568,6 +577,7 @@ class RunConfig:
             "correction": self.attention.correction,
             "strength": self.attention.strength,
             "probe_layers": self.attention.probe_layers if self.attention.probes else None,
+            "probe_steps": self.attention.probe_steps if self.attention.probes else None,
             "prompts": self.prompts,
             "seeds": list(self.eval.seeds),
             "metrics": metrics,

@@ -189,7 +189,8 @@ def _exact_group_bias(qb: torch.Tensor, step: torch.Tensor, scale: float) -> tor
     """Exact bias: series matmuls when every |x| <= SERIES_MAX_ARG, else query-tiled elementwise."""
     q_max = qb.abs().amax()
     arg_bound = 0.5 * scale * q_max * step.abs().amax()  # >= max |x| over all (query, key, channel)
-    if q_max == 0 or arg_bound <= SERIES_MAX_ARG:
+    # the one host read (a device sync) of the call: which form is exact for these inputs
+    if bool((q_max == 0) | (arg_bound <= SERIES_MAX_ARG)):
         return _exact_group_bias_series(qb, step, scale, q_max)
     return _exact_group_bias_tiled(qb, step, scale)
 

@@ -96,3 +96,74 @@ def test_probes_bad_input() -> None:
     with pytest.raises(ValueError, match=r"segments\[0\].k_ref.shape"):
         bad = [dataclasses.replace(case.segments[0], k_ref=case.segments[0].k[:, :, :2])]
         attention_probes(case.q, case.k_cur, case.v_cur, bad, "taylor")
+
+
+def _peaky_case(dtype: torch.dtype = torch.float32):
+    """One cached key whose quantized score sits ~103.5 below the current key's (softmax mass ~1e-45, a float32
+    denormal) while the reference score sits 200 below (mass exactly 0 in float32)."""
+    from jensenkv.cache import CacheSegment
+
+    d = 4
+    q = torch.zeros(1, 1, 1, d, dtype=dtype)
+    q[..., 0] = 2.0  # scale 1/2: score = q . k / 2 = k_0
+    k_cur = torch.zeros(1, 1, 1, d, dtype=dtype)
+    k = torch.zeros(1, 1, 1, d, dtype=dtype)
+    k[..., 0] = -103.5
+    k_ref = torch.zeros_like(k)
+    k_ref[..., 0] = -200.0
+    v = torch.ones(1, 1, 1, d, dtype=dtype)
+    return q, k_cur, v, [CacheSegment(k=k, v=v, steps=None, k_ref=k_ref, v_ref=v)]
+
+
+def test_jsd_stays_finite_and_bounded_when_attention_is_peaky() -> None:
+    q, k_cur, v_cur, segments = _peaky_case()
+    probes = attention_probes(q, k_cur, v_cur, segments, "none")
+    assert math.isfinite(probes["jsd"]) and 0.0 <= probes["jsd"] <= 1e-30  # ~ exp(-103.5) log(2) / 2
+    # less peaky, still p_ref = 0 in float32: rows [1 - e, e] vs [1, 0] have JSD = e log(2) / 2 + O(e^2)
+    segments[0].k[..., 0] = -20.0
+    probes = attention_probes(q, k_cur, v_cur, segments, "none")
+    e = math.exp(-20.0) / (1 + math.exp(-20.0))
+    assert probes["jsd"] == pytest.approx(0.5 * e * math.log(2), rel=1e-3)
+    p = torch.tensor([[1.0, 1.4e-45], [1.0, 0.0]])  # a float32 denormal against an exact zero
+    r = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    js = jensen_shannon(p, r)
+    assert torch.isfinite(js).all() and (js >= 0).all() and (js <= math.log(2)).all()
+
+
+@pytest.mark.parametrize("correction", ["taylor", "exact"])
+def test_probes_on_large_steps_match_direct_computation(correction: str) -> None:
+    """Steps large enough that the exact bias leaves its series form (the elementwise fallback)."""
+    case = make_case(4, False, seed=24, step_range=(20.0, 40.0))
+    probes = attention_probes(case.q, case.k_cur, case.v_cur, case.segments, correction, query_tile=2)
+    rows = _attention_rows(case, case.segments, correction)
+    n_cached = sum(s.k.shape[-2] for s in case.segments)
+    assert probes["p_s"] == pytest.approx(rows[..., :n_cached].sum(-1).mean().item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+def test_probes_read_back_from_the_device_at_most_twice(monkeypatch, correction: str) -> None:
+    """Every host read of a tensor (.item, .tolist, bool/float/int) is a device sync on a GPU: the probes
+    may read once for the results and once for the exact bias's form, however many heads and tiles."""
+    case = make_case(4, True, seed=25, heads=3, n_q=16)
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    attention_probes(case.q, case.k_cur, case.v_cur, case.segments, correction, query_tile=2)
+    assert len(reads) <= (2 if correction == "exact" else 1), reads
+
+
+def test_evenly_spaced_probe_indices() -> None:
+    from jensenkv.attention.probes import evenly_spaced
+
+    assert evenly_spaced(30, 4) == (0, 10, 19, 29)
+    assert evenly_spaced(30, 5) == (0, 7, 14, 22, 29)
+    assert evenly_spaced(4, 5) == (0, 1, 2, 3) and evenly_spaced(4, None) == (0, 1, 2, 3)
+    assert evenly_spaced(30, 1) == (0,)
+    with pytest.raises(ValueError, match="count=0"):
+        evenly_spaced(30, 0)

@@ -96,3 +96,37 @@ def test_lpips_runs_offline_once_the_backbone_is_in_place(tmp_path, monkeypatch)
     assert scorer(ref, ref) == pytest.approx(0.0, abs=1e-6)
     near, far = scorer(_noisy(ref, 0.05), ref), scorer(_noisy(ref, 0.3), ref)
     assert 0 < near < far
+
+
+@pytest.mark.parametrize("batch_frames", [1, 3, 16])
+def test_batched_psnr_ssim_equal_torchmetrics_on_the_whole_video(batch_frames):
+    """Batches of frames in float32 give torchmetrics' float64 whole-video answers (PSNR over all pixels,
+    SSIM averaged over frames)."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+    ref = _video(frames=7, size=24)
+    x = _noisy(ref, 0.07)
+    psnr_ref = peak_signal_noise_ratio(x.double(), ref.double(), data_range=1.0).item()
+    ssim_ref = structural_similarity_index_measure(x.double(), ref.double(), data_range=1.0, kernel_size=11).item()
+    assert video_psnr(x, ref, device="cpu", batch_frames=batch_frames) == pytest.approx(psnr_ref, rel=1e-6)
+    assert video_ssim(x, ref, device="cpu", batch_frames=batch_frames) == pytest.approx(ssim_ref, abs=2e-6)
+
+
+def test_uint8_videos_are_scaled_on_the_device_and_bad_batches_rejected():
+    ref = (_video(frames=5) * 255).round().to(torch.uint8)
+    x = (_noisy(_video(frames=5), 0.1) * 255).round().to(torch.uint8)
+    assert video_psnr(x, ref, batch_frames=2) == pytest.approx(video_psnr(x.double() / 255, ref.double() / 255),
+                                                               rel=1e-9)
+    assert video_ssim(x, ref, batch_frames=2) == pytest.approx(video_ssim(x.float() / 255, ref.float() / 255),
+                                                               abs=1e-7)
+    with pytest.raises(ValueError, match="batch_frames=0"):
+        video_psnr(x, ref, batch_frames=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_psnr_ssim_on_cuda_equal_the_cpu():
+    ref = _video(frames=6, size=32)
+    x = _noisy(ref, 0.05)
+    assert video_psnr(x, ref, device="cuda") == pytest.approx(video_psnr(x, ref, device="cpu"), rel=1e-6)
+    assert video_ssim(x, ref, device="cuda") == pytest.approx(video_ssim(x, ref, device="cpu"), abs=1e-5)

@@ -1,6 +1,7 @@
 """VBench through VBench's own code: weight checks before any call (no wget), temporal_flickering on real mp4s."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 
 import pytest
@@ -98,3 +99,60 @@ def test_videos_must_share_one_folder(tmp_path):
     b = save_mp4(_static_video(), tmp_path / "b" / "y.mp4", fps=8)
     with pytest.raises(ValueError, match="one folder"):
         evaluate_vbench({str(a): "p", str(b): "p"}, ["temporal_flickering"])
+
+
+def _fake_subject_consistency_weights(cache, torch_home, in_hub: bool = True) -> None:
+    """Empty stand-ins for every file subject_consistency reads (VBench cache and torch hub)."""
+    for rel in DIMENSION_FILES["subject_consistency"]:
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(b"")
+    if in_hub:
+        (torch_home / "hub" / "checkpoints").mkdir(parents=True)
+        (torch_home / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth").write_bytes(b"")
+
+
+def test_dino_weights_are_looked_for_where_dinos_hubconf_reads_them(tmp_path, monkeypatch):
+    """DINO's hubconf loads $TORCH_HOME/hub/checkpoints/dino_vitbase16_pretrain.pth (VBench's `path` is ignored):
+    with the file only in VBench's cache the dimension is missing, naming the torch hub path."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    _fake_subject_consistency_weights(tmp_path / "vb", tmp_path / "torch", in_hub=False)
+    reason = dimension_missing_reason("subject_consistency", cache_dir=tmp_path / "vb")
+    hub_file = tmp_path / "torch" / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth"
+    assert reason is not None and str(hub_file) in reason
+    (tmp_path / "torch" / "hub" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "torch" / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth").write_bytes(b"")
+    assert dimension_missing_reason("subject_consistency", cache_dir=tmp_path / "vb") is None
+
+
+def test_a_failing_dimension_is_recorded_missing_and_the_others_still_score(tmp_path, monkeypatch, no_shell):
+    import vbench.subject_consistency
+    import vbench.utils
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(vbench.utils, "CACHE_DIR", str(tmp_path / "vb"))
+    _fake_subject_consistency_weights(tmp_path / "vb", tmp_path / "torch")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("DINO checkpoint is not a state dict")
+
+    monkeypatch.setattr(vbench.subject_consistency, "compute_subject_consistency", broken)
+    folder = tmp_path / "videos"
+    still = save_mp4(_static_video(), folder / "still.mp4", fps=8)
+    result = evaluate_vbench({str(still): "a square"}, ["subject_consistency", "temporal_flickering"],
+                             work_dir=tmp_path)
+    assert result.used == ["temporal_flickering"] and result.per_video["temporal_flickering"]["still.mp4"] > 0.99
+    assert "RuntimeError: DINO checkpoint is not a state dict" in result.missing["subject_consistency"]
+
+
+_SCORER_PACKAGES = ("clip", "pyiqa", "timm", "pkg_resources")
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in _SCORER_PACKAGES),
+                    reason="VBench's scorer packages are not in this environment (`make setup` installs them)")
+def test_default_dimension_scorers_import():
+    """In a `make setup` environment every default dimension's scorer imports (openai-clip needs pkg_resources,
+    i.e. setuptools < 81; imaging_quality needs pyiqa and timm)."""
+    import importlib
+
+    for dim in DEFAULT_DIMENSIONS:
+        importlib.import_module(f"vbench.{dim}")

@@ -30,3 +30,24 @@ def test_seeded_signs():
 def test_non_power_of_two_is_rejected():
     with pytest.raises(ValueError, match=r"head_dim=96 .*power of two"):
         RandomHadamard(96)
+
+
+def test_signs_are_copied_to_a_device_once_and_reused(monkeypatch):
+    """apply / inverse reuse one copy of the signs per (device, dtype) instead of copying them every call."""
+    rot = RandomHadamard(16, seed=3)
+    x = torch.randn(2, 16, dtype=torch.float64)
+    expected = walsh_hadamard(x * rot.signs.double())
+    copies = []
+    original_to = torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        if self is rot.signs:
+            copies.append(args)
+        return original_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    for _ in range(3):
+        assert torch.allclose(rot.apply(x), expected)
+        rot.inverse(x)
+    assert len(copies) == 1
+    assert rot.signs_on("cpu", torch.float64) is rot.signs_on(torch.device("cpu"), torch.float64)

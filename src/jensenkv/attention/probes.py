@@ -1,22 +1,37 @@
 """Attention diagnostics of one layer call: how much mass the (quantized) cache takes.
 
 Compares the quantized (+ corrected) attention with the full-precision reference cache (the
-segments' k_ref / v_ref; the keys/values themselves where absent) one head and one query tile at a
-time, so at most one (tile, K_total) score matrix exists at once.
+segments' k_ref / v_ref; the keys/values themselves where absent). Every batch element and head is
+handled at once, over query tiles sized so that one (B, H, tile, K_total) score matrix stays within
+``TILE_ELEMENTS``. Sums are accumulated on the inputs' device and read back once at the end, so a call
+costs one host sync for the results (plus one for the exact bias's series/elementwise choice).
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Sequence
 
 import torch
 
 from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
-from jensenkv.correction import GroupSteps, group_bias
+from jensenkv.correction import (
+    _SERIES_TERMS_GROUP,
+    SERIES_MAX_ARG,
+    _exact_group_bias_tiled,
+    bias_basis_query,
+    exact_series_columns,
+    query_group_sq_norms,
+)
 
 PROBE_KEYS = (
     "p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err", "bias_mean",
     "p_s_head_median", "delta_p_s_head_median",
 )
+# Elements of one (B, H, tile, K_total) score matrix; a handful of them live at once per tile. Large tiles
+# keep a GPU busy; on the CPU smaller ones stay in cache.
+TILE_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 21}
+_LOG2 = math.log(2.0)
 
 
 def attention_probes(
@@ -29,70 +44,127 @@ def attention_probes(
     strength: float = 1.0,
     query_tile: int = 1024,
 ) -> dict[str, float]:
-    """Probe statistics (all float, evaluated in float32), keys ``PROBE_KEYS``:
+    """Probe statistics (all float; float32 work, float64 for float64 input), keys ``PROBE_KEYS``:
 
     p_s / p_r: softmax mass on cached / current keys of the quantized (+ corrected) attention, mean
     over batch, heads and queries; p_s_ref: the same with the full-precision cache and no bias;
-    delta_p_s = p_s - p_s_ref; jsd: mean over rows of the Jensen-Shannon divergence (natural log)
-    between quantized and reference rows; out_mse, out_rel_err: attention output vs the reference
-    output (mean squared error, ||o - o_ref|| / ||o_ref||); bias_mean: mean bias subtracted on
+    delta_p_s = p_s - p_s_ref; jsd: mean over rows of the Jensen-Shannon divergence (natural log, in
+    [0, log 2]) between quantized and reference rows; out_mse, out_rel_err: attention output vs the
+    reference output (mean squared error, ||o - o_ref|| / ||o_ref||); bias_mean: mean bias subtracted on
     step-carrying cached keys (0 without correction); *_head_median: median over heads of the
     per-head mean (over batch and queries).
-    q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv).
+    q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv). query_tile caps the rows per tile.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     if query_tile < 1:
         raise ValueError(f"query_tile={query_tile} is not allowed: it must be >= 1")
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, n_q, _ = q.shape
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    device = q.device
     n_cached = sum(seg.k.shape[-2] for seg in segments)
-    head_p_s = torch.zeros(heads, dtype=torch.float64)
-    head_p_s_ref = torch.zeros(heads, dtype=torch.float64)
-    jsd_sum = sq_err_sum = sq_ref_sum = bias_sum = 0.0
-    bias_count = 0
-    for b in range(batch):
-        for h in range(heads):
-            keys = torch.cat([seg.k[b, h] for seg in segments] + [k_cur[b, h]]).float()  # (K_total, D)
-            values = torch.cat([seg.v[b, h] for seg in segments] + [v_cur[b, h]]).float()  # (K_total, Dv)
-            keys_ref = torch.cat([_ref(seg, "k")[b, h] for seg in segments] + [k_cur[b, h]]).float()
-            values_ref = torch.cat([_ref(seg, "v")[b, h] for seg in segments] + [v_cur[b, h]]).float()
-            for start in range(0, n_q, query_tile):
-                q_tile = q[b, h, start : start + query_tile].float()  # (t, D)
-                scores = scale * q_tile @ keys.T  # (t, K_total)
-                if correction != "none":
-                    offset = 0
-                    for seg in segments:
-                        width = seg.k.shape[-2]
-                        if seg.steps is not None:
-                            head_steps = GroupSteps(seg.steps.step[b : b + 1, h : h + 1], seg.steps.rotation)
-                            bias = group_bias(q_tile[None, None], head_steps, correction, scale, strength)[0, 0]
-                            scores[:, offset : offset + width] -= bias  # (t, K_i)
-                            bias_sum += bias.double().sum().item()
-                            bias_count += bias.numel()
-                        offset += width
-                probs = torch.softmax(scores, dim=-1)  # (t, K_total)
-                probs_ref = torch.softmax(scale * q_tile @ keys_ref.T, dim=-1)  # (t, K_total)
-                head_p_s[h] += probs[:, :n_cached].sum().item()
-                head_p_s_ref[h] += probs_ref[:, :n_cached].sum().item()
-                jsd_sum += jensen_shannon(probs, probs_ref).double().sum().item()
-                out, out_ref = probs @ values, probs_ref @ values_ref  # (t, Dv)
-                sq_err_sum += (out - out_ref).double().square().sum().item()
-                sq_ref_sum += out_ref.double().square().sum().item()
-    rows = batch * n_q
-    head_p_s, head_p_s_ref = head_p_s / rows, head_p_s_ref / rows  # (H,) per-head means
-    p_s, p_s_ref = head_p_s.mean().item(), head_p_s_ref.mean().item()
+    keys = torch.cat([seg.k for seg in segments] + [k_cur], dim=2).to(work)  # (B, H, K_total, D)
+    values = torch.cat([seg.v for seg in segments] + [v_cur], dim=2).to(work)  # (B, H, K_total, Dv)
+    keys_ref = torch.cat([_ref(seg, "k") for seg in segments] + [k_cur], dim=2).to(work)
+    values_ref = torch.cat([_ref(seg, "v") for seg in segments] + [v_cur], dim=2).to(work)
+    qw = q.to(work)  # (B, H, Q, D)
+    biases = _segment_biases(qw, segments, correction, scale, strength) if correction != "none" else []
+    bias_count = sum(batch * heads * n_q * seg.k.shape[-2] for seg in segments if seg.steps is not None)
+
+    acc = torch.float64 if device.type == "cpu" or work == torch.float64 else torch.float32
+    head_p_s = torch.zeros(heads, dtype=acc, device=device)
+    head_p_s_ref = torch.zeros(heads, dtype=acc, device=device)
+    sums = torch.zeros(4, dtype=acc, device=device)  # jsd, squared error, squared reference, bias
+    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cpu"])
+    tile = max(1, min(query_tile, budget // max(1, batch * heads * keys.shape[2])))
+    for start in range(0, n_q, tile):
+        rows = slice(start, start + tile)
+        q_tile = qw[:, :, rows]  # (B, H, t, D)
+        scores = scale * q_tile @ keys.transpose(-1, -2)  # (B, H, t, K_total)
+        for offset, width, bias_of in biases:
+            bias = bias_of(rows)  # (B, H, t, K_i)
+            scores[..., offset : offset + width] -= bias
+            sums[3] += bias.sum()
+        log_p = torch.log_softmax(scores, dim=-1)  # (B, H, t, K_total)
+        log_r = torch.log_softmax(scale * q_tile @ keys_ref.transpose(-1, -2), dim=-1)
+        p, r = log_p.exp(), log_r.exp()
+        head_p_s += p[..., :n_cached].sum((0, 2, 3))  # (H,)
+        head_p_s_ref += r[..., :n_cached].sum((0, 2, 3))
+        sums[0] += _jensen_shannon_finite(p, r, log_p, log_r).sum()
+        out, out_ref = p @ values, r @ values_ref  # (B, H, t, Dv)
+        sums[1] += (out - out_ref).square().sum()
+        sums[2] += out_ref.square().sum()
+    rows_total = batch * n_q
+    head_p_s, head_p_s_ref = head_p_s / rows_total, head_p_s_ref / rows_total  # (H,) per-head means
+    stats = torch.cat([sums, head_p_s.mean()[None], head_p_s_ref.mean()[None], head_p_s.median()[None],
+                       (head_p_s - head_p_s_ref).median()[None]]).tolist()  # the one read-back
+    jsd_sum, sq_err_sum, sq_ref_sum, bias_sum, p_s, p_s_ref, p_s_median, delta_median = stats
     return {
         "p_s": p_s,
         "p_r": 1.0 - p_s,
         "p_s_ref": p_s_ref,
         "delta_p_s": p_s - p_s_ref,
-        "jsd": jsd_sum / (rows * heads),
-        "out_mse": sq_err_sum / (rows * heads * v_cur.shape[-1]),
+        "jsd": jsd_sum / (rows_total * heads),
+        "out_mse": sq_err_sum / (rows_total * heads * v_cur.shape[-1]),
         "out_rel_err": (sq_err_sum / max(sq_ref_sum, torch.finfo(torch.float64).tiny)) ** 0.5,
-        "bias_mean": bias_sum / bias_count if bias_count else 0.0,
-        "p_s_head_median": head_p_s.median().item(),
-        "delta_p_s_head_median": (head_p_s - head_p_s_ref).median().item(),
+        "bias_mean": bias_sum / bias_count if bias_count and correction != "none" else 0.0,
+        "p_s_head_median": p_s_median,
+        "delta_p_s_head_median": delta_median,
     }
+
+
+def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float,
+                    strength: float) -> list[tuple[int, int, Callable[[slice], torch.Tensor]]]:
+    """(column offset, width, rows -> strength * bias (B, H, t, K_i)) per step-carrying segment.
+
+    The query factors are computed once for all rows; the exact bias's series-or-elementwise choice is
+    made once per call for all segments (one host read), not per tile.
+    """
+    entries, offset = [], 0
+    for seg in segments:
+        width = seg.k.shape[-2]
+        if seg.steps is not None:
+            entries.append((offset, width, seg.steps))
+        offset += width
+    if not entries:
+        return []
+    based = [bias_basis_query(q, steps) for _, _, steps in entries]  # (B, H, Q, D) each
+    steps_w = [steps.step.to(q.dtype) for _, _, steps in entries]  # (B, H, K_i, G) each
+    out = []
+    if correction == "taylor":
+        for (offset, width, _), qb, step in zip(entries, based, steps_w):
+            qn2 = query_group_sq_norms(qb, step.shape[-1]) * (strength * scale * scale / 24.0)  # (B, H, Q, G)
+            k_cols = step.square().transpose(-1, -2)  # (B, H, G, K_i)
+            out.append((offset, width, lambda rows, a=qn2, b=k_cols: a[:, :, rows] @ b))
+        return out
+    q_maxes = torch.stack([qb.abs().amax() for qb in based])  # (S,)
+    bounds = 0.5 * scale * q_maxes * torch.stack([step.abs().amax() for step in steps_w])
+    use_series = ((q_maxes == 0) | (bounds <= SERIES_MAX_ARG)).tolist()  # one host read for all segments
+    for (offset, width, _), qb, step, q_max, series in zip(entries, based, steps_w, q_maxes, use_series):
+        if series:
+            # (B, H, Q, G*N), (B, H, K_i, G*N)
+            q_cols, k_cols = exact_series_columns(qb, step, scale, q_max, _SERIES_TERMS_GROUP)
+            k_t = k_cols.transpose(-1, -2) * strength
+            out.append((offset, width, lambda rows, a=q_cols, b=k_t: a[:, :, rows] @ b))
+        else:
+            out.append((offset, width,
+                        lambda rows, a=qb, b=step: strength * _exact_group_bias_tiled(a[:, :, rows], b, scale)))
+    return out
+
+
+def evenly_spaced(total: int, count: int | None) -> tuple[int, ...]:
+    """``count`` indices out of range(total), evenly spaced with the first and last included (all when count
+    is None or >= total): the layers / denoising steps to probe on a large model, e.g. 4 of 30 layers ->
+    (0, 10, 19, 29), 5 of 30 steps -> (0, 7, 14, 22, 29), 5 of 4 steps -> (0, 1, 2, 3)."""
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"total={total!r} is not allowed: it must be an integer >= 1")
+    if count is None or count >= total:
+        return tuple(range(total))
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count={count!r} is not allowed: it must be null (all) or an integer >= 1")
+    if count == 1:
+        return (0,)
+    return tuple(sorted({round(i * (total - 1) / (count - 1)) for i in range(count)}))
 
 
 def _ref(seg: SegmentLike, name: str) -> torch.Tensor:
@@ -101,9 +173,31 @@ def _ref(seg: SegmentLike, name: str) -> torch.Tensor:
     return getattr(seg, name) if ref is None else ref
 
 
+def _jensen_shannon_finite(p: torch.Tensor, r: torch.Tensor, log_p: torch.Tensor,
+                           log_r: torch.Tensor) -> torch.Tensor:
+    """``jensen_shannon_log`` for finite log-probabilities (finite scores), given their exponentials too.
+
+    With d = log r - log p and s = softplus(d) = log(1 + r/p): log p - log m = log 2 - s and
+    log r - log m = log 2 - s + d, so 2 JSD = sum (p + r)(log 2 - s) + r d: one transcendental per element.
+    """
+    d = log_r - log_p  # (..., K)
+    s = torch.nn.functional.softplus(d)
+    return (0.5 * ((p + r) * (_LOG2 - s) + r * d).sum(-1)).clamp(0.0, _LOG2)
+
+
+def jensen_shannon_log(log_p: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:
+    """Row-wise Jensen-Shannon divergence in nats from log-probabilities: (..., K), (..., K) -> (...).
+
+    Worked in log space: log m = logaddexp(log p, log r) - log 2 never underflows where one side is tiny
+    and the other zero, and each term p (log p - log m) <= p log 2, so the result lies in [0, log 2].
+    """
+    log_m = torch.logaddexp(log_p, log_r) - _LOG2
+    zero = torch.zeros((), dtype=log_p.dtype, device=log_p.device)
+    kl_p = torch.where(log_p > -math.inf, log_p.exp() * (log_p - log_m), zero).sum(-1)
+    kl_r = torch.where(log_r > -math.inf, log_r.exp() * (log_r - log_m), zero).sum(-1)
+    return (0.5 * (kl_p + kl_r)).clamp(0.0, _LOG2)
+
+
 def jensen_shannon(p: torch.Tensor, p_ref: torch.Tensor) -> torch.Tensor:
     """Row-wise Jensen-Shannon divergence in nats: (..., K), (..., K) -> (...), in [0, log 2]."""
-    mid = 0.5 * (p + p_ref)
-    kl_p = (torch.xlogy(p, p) - torch.xlogy(p, mid)).sum(-1)
-    kl_ref = (torch.xlogy(p_ref, p_ref) - torch.xlogy(p_ref, mid)).sum(-1)
-    return (0.5 * (kl_p + kl_ref)).clamp_min(0.0)
+    return jensen_shannon_log(p.log(), p_ref.log())

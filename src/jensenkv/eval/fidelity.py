@@ -1,12 +1,14 @@
 """Fidelity of a quantized video to its BF16 reference: PSNR, SSIM (torchmetrics) and LPIPS (lpips).
 
-Videos are (F, C, H, W) float in [0, 1]. PSNR is computed from the MSE over the whole video (one number
-per video), SSIM is the mean over frames. LPIPS needs a torchvision backbone file that this suite never
-downloads: ``lpips_availability`` checks for it BEFORE anything is constructed, and a missing file is
-reported as a missing metric with the file name and where to put it (``make fetch-weights`` fetches it).
+Videos are (F, C, H, W) float in [0, 1] (or uint8). PSNR is computed from the MSE over the whole video (one
+number per video), SSIM is the mean over frames; both run on the model's device in batches of frames.
+LPIPS needs a torchvision backbone file that this suite never downloads: ``lpips_availability`` checks for
+it BEFORE anything is constructed, and a missing file is reported as a missing metric with the file name
+and where to put it (``make fetch-weights`` fetches it).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +36,44 @@ def _check_videos(video: torch.Tensor, reference: torch.Tensor) -> None:
         raise ValueError(f"video shape={tuple(video.shape)} does not match reference shape={tuple(reference.shape)}")
 
 
-def video_psnr(video: torch.Tensor, reference: torch.Tensor) -> float:
-    """PSNR in dB over the whole video (data range 1); inf when the videos are identical.
+# Frames per batch for PSNR / SSIM: 16 frames of 544 x 960 x 3 in float32 are ~100 MB per video.
+BATCH_FRAMES = 16
 
-    video, reference: (F, C, H, W) in [0, 1].
+
+def _metric_device(device: str | torch.device | None) -> torch.device:
+    """Where PSNR / SSIM run: the given device (the model's), else CUDA when available, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _frame_batches(video: torch.Tensor, reference: torch.Tensor, device: torch.device, batch_frames: int):
+    """(x, y) float32 batches of (f, C, H, W) in [0, 1] on ``device``; uint8 input is scaled by 1/255 there."""
+    if isinstance(batch_frames, bool) or not isinstance(batch_frames, int) or batch_frames < 1:
+        raise ValueError(f"batch_frames={batch_frames!r} is not allowed: it must be an integer >= 1")
+    for start in range(0, video.shape[0], batch_frames):
+        pair = []
+        for v in (video, reference):
+            chunk = v[start : start + batch_frames].to(device, non_blocking=True)  # (f, C, H, W)
+            pair.append(chunk.float() / 255 if chunk.dtype == torch.uint8 else chunk.float())
+        yield pair
+
+
+def video_psnr(video: torch.Tensor, reference: torch.Tensor, device: str | torch.device | None = None,
+               batch_frames: int = BATCH_FRAMES) -> float:
+    """PSNR in dB over the whole video (data range 1): 10 log10(1 / MSE); inf when the videos are identical.
+
+    video, reference: (F, C, H, W) float in [0, 1] or uint8 (then divided by 255). Computed on ``device``
+    (default: CUDA when available) in float32 batches of frames; per-batch squared-error sums are
+    accumulated in float64 there and read back once.
     """
-    from torchmetrics.functional.image import peak_signal_noise_ratio  # heavy import: only when scoring
-
     _check_videos(video, reference)
-    return float(peak_signal_noise_ratio(video.double(), reference.double(), data_range=1.0))
+    dev = _metric_device(device)
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    for x, y in _frame_batches(video, reference, dev, batch_frames):
+        total += (x - y).square().sum(dtype=torch.float64)
+    mse = total.item() / video.numel()
+    return math.inf if mse == 0 else 10.0 * math.log10(1.0 / mse)
 
 
 def _ssim_kernel(height: int, width: int) -> int:
@@ -51,16 +82,25 @@ def _ssim_kernel(height: int, width: int) -> int:
     return side if side % 2 else side - 1
 
 
-def video_ssim(video: torch.Tensor, reference: torch.Tensor) -> float:
-    """Mean SSIM over frames. video, reference: (F, C, H, W) in [0, 1]."""
+def video_ssim(video: torch.Tensor, reference: torch.Tensor, device: str | torch.device | None = None,
+               batch_frames: int = BATCH_FRAMES) -> float:
+    """Mean SSIM over frames (torchmetrics' per-frame SSIM). video, reference: (F, C, H, W) in [0, 1] or uint8.
+
+    Computed on ``device`` (default: CUDA when available) in float32 batches of frames.
+    """
     from torchmetrics.functional.image import structural_similarity_index_measure
 
     _check_videos(video, reference)
     kernel = _ssim_kernel(video.shape[-2], video.shape[-1])
     if kernel < 3:
         raise ValueError(f"frame size {tuple(video.shape[-2:])} is too small for SSIM (needs >= 3 x 3)")
-    return float(structural_similarity_index_measure(video.double(), reference.double(), data_range=1.0,
-                                                     kernel_size=kernel))
+    dev = _metric_device(device)
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    for x, y in _frame_batches(video, reference, dev, batch_frames):
+        per_frame = structural_similarity_index_measure(x, y, data_range=1.0, kernel_size=kernel,
+                                                        reduction="none")  # (f,)
+        total += per_frame.sum(dtype=torch.float64)
+    return total.item() / video.shape[0]
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,13 @@
 
 VBench's ``init_submodules`` shells out to ``wget`` / ``git clone`` whenever a weight file is missing. So
 before calling it, every requested dimension is checked here: its weight files under ``$VBENCH_CACHE_DIR``
-(VBench's local mode, ``local=True``) and the Python packages its scorer imports. Dimensions that fail
-the check are reported missing with the reason and never reach VBench; the aggregate score is the mean
-(x100) over the dimensions that ran, and the record says which those were. ``temporal_flickering`` needs
-no weights and always runs.
+(VBench's local mode, ``local=True``), the files its model code reads from the torch hub cache (DINO's
+``hubconf.dino_vitb16`` ignores VBench's ``path`` and loads ``$TORCH_HOME/hub/checkpoints/
+dino_vitbase16_pretrain.pth``, downloading it when absent) and the Python packages its scorer imports.
+Dimensions that fail the check are reported missing with the reason and never reach VBench. The others
+are scored one VBench call each, so a dimension that fails while scoring is recorded missing with its
+error instead of losing the rest. The aggregate score is the mean (x100) over the dimensions that ran,
+and the record says which those were. ``temporal_flickering`` needs no weights and always runs.
 """
 from __future__ import annotations
 
@@ -31,6 +34,26 @@ DIMENSION_FILES: dict[str, tuple[str, ...]] = {
     "overall_consistency": ("ViCLIP/ViClip-InternVid-10M-FLT.pth", "ViCLIP/bpe_simple_vocab_16e6.txt.gz"),
     "human_action": ("umt_model/l16_ptk710_ftk710_ftk400_f16_res224.pth",),
     "temporal_flickering": (),
+}
+# Files the dimension's model code reads from torch.hub.get_dir()/checkpoints ($TORCH_HOME/hub/checkpoints):
+# DINO's hubconf.dino_vitb16 calls torch.hub.load_state_dict_from_url(<dl.fbaipublicfiles.com URL>), whose
+# file name is the URL's last part; VBench's own dino_model/ copy only stops its wget.
+TORCH_HUB_FILES: dict[str, tuple[str, ...]] = {"subject_consistency": ("dino_vitbase16_pretrain.pth",)}
+# Third-party modules each scorer imports beyond the suite's own dependencies: (module, pip requirement).
+# `make setup` installs them for DEFAULT_DIMENSIONS; human_action's UMT code also imports
+# numpy.lib.function_base, which numpy 2 removed, so it needs a numpy<2 environment of its own.
+DIMENSION_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "subject_consistency": (("cv2", "opencv-python-headless"),),
+    "background_consistency": (("clip", "openai-clip"), ("pkg_resources", "setuptools<81")),
+    "aesthetic_quality": (("clip", "openai-clip"), ("pkg_resources", "setuptools<81")),
+    "imaging_quality": (("pyiqa", "pyiqa"), ("timm", "timm")),
+    "motion_smoothness": (("cv2", "opencv-python-headless"), ("omegaconf", "omegaconf")),
+    "dynamic_degree": (("cv2", "opencv-python-headless"), ("easydict", "easydict")),
+    "temporal_style": (("clip", "openai-clip"), ("pkg_resources", "setuptools<81")),
+    "overall_consistency": (("clip", "openai-clip"), ("pkg_resources", "setuptools<81")),
+    "human_action": (("clip", "openai-clip"), ("timm", "timm"),
+                     ("numpy.lib.function_base", "numpy<2, in a separate environment")),
+    "temporal_flickering": (("cv2", "opencv-python-headless"),),
 }
 # VBench refuses these in custom_input mode: they need its own prompt suite and auxiliary info.
 STANDARD_ONLY_DIMENSIONS = ("object_class", "multiple_objects", "color", "spatial_relationship", "scene",
@@ -62,6 +85,20 @@ def vbench_cache_dir() -> Path:
     return Path(os.environ.get("VBENCH_CACHE_DIR") or Path.home() / ".cache" / "vbench")
 
 
+def torch_hub_checkpoints_dir() -> Path:
+    """Where torch.hub.load_state_dict_from_url keeps files: $TORCH_HOME/hub/checkpoints (torch.hub.get_dir())."""
+    import torch
+
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def dimension_weight_paths(dimension: str, cache_dir: Path | None = None) -> list[Path]:
+    """Every weight file a dimension reads, as absolute paths (VBench cache files, then torch hub files)."""
+    cache_dir = cache_dir if cache_dir is not None else vbench_cache_dir()
+    paths = [cache_dir / rel for rel in DIMENSION_FILES.get(dimension, ())]
+    return paths + [torch_hub_checkpoints_dir() / name for name in TORCH_HUB_FILES.get(dimension, ())]
+
+
 def dimension_missing_reason(dimension: str, cache_dir: Path | None = None) -> str | None:
     """Why a dimension cannot run here (None when it can). Checks files and imports; downloads nothing."""
     if dimension in STANDARD_ONLY_DIMENSIONS:
@@ -73,11 +110,9 @@ def dimension_missing_reason(dimension: str, cache_dir: Path | None = None) -> s
         importlib.import_module(f"vbench.{dimension}")
     except Exception as e:  # noqa: BLE001 - any import failure means the scorer cannot run
         return f"VBench's {dimension} scorer cannot be imported ({type(e).__name__}: {e})"
-    cache_dir = cache_dir if cache_dir is not None else vbench_cache_dir()
-    absent = [rel for rel in DIMENSION_FILES[dimension] if not (cache_dir / rel).exists()]
+    absent = [str(path) for path in dimension_weight_paths(dimension, cache_dir) if not path.exists()]
     if absent:
-        return (f"weights missing under VBENCH_CACHE_DIR={cache_dir}: {', '.join(absent)} "
-                "(run `make fetch-weights` on a machine with internet)")
+        return f"weights missing: {', '.join(absent)} (run `make fetch-weights` on a machine with internet)"
     return None
 
 
@@ -103,10 +138,11 @@ class VBenchResult:
 
 def evaluate_vbench(videos: Mapping[str, str], dimensions: Sequence[str], device: str = "cpu",
                     work_dir: str | os.PathLike | None = None) -> VBenchResult:
-    """Score mp4 files with VBench, one call for all available dimensions.
+    """Score mp4 files with VBench, one VBench call per available dimension.
 
     videos: {path to an .mp4 file: its prompt}; all files must sit in one directory, which must hold no
         other videos (VBench's custom_input mode scores the whole directory).
+    A dimension whose check fails, or whose scoring raises, is recorded in ``missing`` with the reason.
     """
     validate_dimensions(dimensions)
     result = VBenchResult()
@@ -127,14 +163,20 @@ def evaluate_vbench(videos: Mapping[str, str], dimensions: Sequence[str], device
     from vbench import VBench
 
     full_info = Path(importlib.import_module("vbench").__file__).parent / "VBench_full_info.json"
+    prompts = {Path(p).name: t for p, t in videos.items()}
     with tempfile.TemporaryDirectory(dir=work_dir) as out_dir:
         bench = VBench(device, str(full_info), out_dir)
-        bench.evaluate(videos_path=str(folder), name="run", prompt_list={Path(p).name: t for p, t in videos.items()},
-                       dimension_list=runnable, local=True, mode="custom_input")
-        with open(Path(out_dir) / "run_eval_results.json") as f:
-            raw = json.load(f)
-    for dim in runnable:
-        mean, rows = raw[dim]
-        result.scores[dim] = float(mean)
-        result.per_video[dim] = {Path(r["video_path"]).name: float(r["video_results"]) for r in rows}
+        for dim in runnable:
+            try:
+                bench.evaluate(videos_path=str(folder), name=f"run_{dim}", prompt_list=prompts, dimension_list=[dim],
+                               local=True, mode="custom_input")
+                with open(Path(out_dir) / f"run_{dim}_eval_results.json") as f:
+                    mean, rows = json.load(f)[dim]
+                per_video = {Path(r["video_path"]).name: float(r["video_results"]) for r in rows}
+                score = float(mean)
+            except Exception as e:  # noqa: BLE001 - one dimension's failure must not lose the others
+                result.missing[dim] = f"VBench's {dim} scorer failed: {type(e).__name__}: {e}"
+                continue
+            result.scores[dim] = score
+            result.per_video[dim] = per_video
     return result

@@ -39,10 +39,20 @@ class RandomHadamard:
         self.dim = dim
         self.seed = seed
         gen = torch.Generator().manual_seed(seed)
-        self.signs = torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1  # (d,) in {-1, +1}
+        self.signs = torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1  # (d,) in {-1, +1}, on the CPU
+        # copies of the signs per (device, dtype): a host-to-device copy once, not on every call
+        self._signs_on: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def signs_on(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """The signs (d,) on ``device`` in ``dtype``, copied there once and reused."""
+        key = (torch.device(device), dtype)
+        signs = self._signs_on.get(key)
+        if signs is None:
+            signs = self._signs_on[key] = self.signs.to(*key)
+        return signs
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        return walsh_hadamard(x * self.signs.to(x.device, x.dtype))
+        return walsh_hadamard(x * self.signs_on(x.device, x.dtype))
 
     def inverse(self, x: torch.Tensor) -> torch.Tensor:
-        return walsh_hadamard(x) * self.signs.to(x.device, x.dtype)
+        return walsh_hadamard(x) * self.signs_on(x.device, x.dtype)

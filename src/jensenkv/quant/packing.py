@@ -30,12 +30,16 @@ def packed_nbytes(numel: int, bits: int) -> int:
     return -(-numel // codes_per_unit) * bytes_per_unit
 
 
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack integer codes in [0, 2^bits) (any shape) into a flat uint8 tensor (layout: module docstring)."""
+def pack_codes(codes: torch.Tensor, bits: int, check: bool = True) -> torch.Tensor:
+    """Pack integer codes in [0, 2^bits) (any shape) into a flat uint8 tensor (layout: module docstring).
+
+    check: verify the range first. It reads one value back from the codes' device (a sync on a GPU), and
+    none for uint8 codes at bits=8; callers that clamp the codes themselves may pass False.
+    """
     codes_per_unit, bytes_per_unit = _unit(bits)
     flat = codes.reshape(-1)  # (N,)
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= 1 << bits):
-        raise ValueError(f"codes must lie in [0, {(1 << bits) - 1}] for bits={bits}")
+    if check and flat.numel():
+        _check_range(flat, bits)
     pad = -flat.numel() % codes_per_unit
     if pad:
         flat = torch.cat((flat, flat.new_zeros(pad)))
@@ -50,6 +54,22 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     words = (units << shifts).sum(-1)  # (U,) disjoint bit fields, so sum == bitwise or
     byte_shifts = torch.arange(bytes_per_unit, device=flat.device) * 8
     return ((words[:, None] >> byte_shifts) & 0xFF).to(torch.uint8).reshape(-1)  # (U * bytes per unit,)
+
+
+def _check_range(flat: torch.Tensor, bits: int) -> None:
+    """Raise ValueError unless every code lies in [0, 2^bits); at most one host read."""
+    if flat.dtype == torch.bool or flat.is_floating_point() or flat.is_complex():
+        raise ValueError(f"codes dtype={flat.dtype} is not allowed: use an integer dtype")
+    if flat.dtype == torch.uint8:
+        if bits == 8:  # every uint8 value is a valid 8-bit code
+            return
+        bad = int(flat.max()) >= 1 << bits
+    else:
+        low, high = torch.aminmax(flat)
+        low, high = torch.stack((low, high)).tolist()  # one read for both ends
+        bad = low < 0 or high >= 1 << bits
+    if bad:
+        raise ValueError(f"codes must lie in [0, {(1 << bits) - 1}] for bits={bits}")
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:

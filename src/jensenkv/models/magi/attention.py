@@ -86,9 +86,8 @@ class MagiLayerCaches:
     def attention_fn(self) -> Callable[..., torch.Tensor]:
         return get_backend(self.attention.backend)  # looked up per call: registered kernels (and test spies) apply
 
-    def probing(self, layer: int) -> bool:
-        layers = self.attention.probe_layers
-        return self.attention.probes and (layers is None or layer in layers)
+    def probing(self, layer: int, step: int | None) -> bool:
+        return self.attention.probes_at(layer, step)
 
 
 class WindowAttention:
@@ -121,7 +120,7 @@ class WindowAttention:
             k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (1, H, (in_flight+1)*T, D)
             v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
             outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=settings.strength))
-            if segments and chunk.step is not None and caches.probing(layer):
+            if segments and chunk.step is not None and caches.probing(layer, chunk.step):
                 from jensenkv.attention import attention_probes
 
                 values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=settings.strength)

@@ -143,13 +143,9 @@ class CachedSelfAttnProcessor:
             q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
             outs.append(attend(q_c, k_c, v_c, segments, correction=self.attention.correction,
                                              strength=self.attention.strength))  # (B, H, T, D)
-            if self.state.mode == "cached" and segments and self._probing():
+            if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
                 self._record_probes(q_c, k_c, v_c, segments, chunk)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
-
-    def _probing(self) -> bool:
-        layers = self.attention.probe_layers
-        return self.attention.probes and (layers is None or self.layer_index in layers)
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment], chunk: InFlightChunk) -> None:
