@@ -200,7 +200,10 @@ def test_probes_recorded_per_layer_and_step(make_adapter, int2_cache):
     run_chunks(adapter, n=2)
     assert {p["layer"] for p in adapter.probes()} == {1}
     adapter.configure(attention=AttentionSettings(probes=True, probe_layers=[0], probe_steps=[1]))
-    run_chunks(adapter, n=2)
+    for c in range(2):
+        for step in range(2):
+            adapter.denoise(noisy[c], 0.8 - 0.3 * step, c, "cond", step=step)
+        adapter.commit(clean[c], c, "cond")
     assert [(p["layer"], p["step"]) for p in adapter.probes()] == [(0, 1)]
     assert make_adapter().probes() is None
 
