@@ -297,3 +297,12 @@ def test_real_model_probe_subsets_are_evenly_spaced_over_their_layers_and_steps(
         list(evenly_spaced(generation.steps, len(attention.probe_steps)))
     assert attention.probe_layers is not None and max(attention.probe_layers) >= 29
     assert OmegaConf.select(cfg, "eval.probes") is None
+
+
+def test_require_ready_stops_a_run_whose_metric_cannot_be_computed(weights, tmp_path, monkeypatch):
+    """eval.require_ready (on in eval=natural): a metric without its weights stops the run at validation."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # no LPIPS backbone there
+    with pytest.raises(FileNotFoundError, match="not ready: metric lpips"):
+        _spec(weights, "eval.require_ready=true", "eval.metrics=[psnr,lpips]")
+    assert _spec(weights, "eval.require_ready=true", "eval.metrics=[psnr,ssim]").eval.require_ready
+    assert "lpips" in _spec(weights, "eval.metrics=[psnr,lpips]").eval.metrics  # default: recorded missing

@@ -152,11 +152,11 @@ def test_models_are_fetched_into_the_cache_the_loader_reads(fw, tmp_path, monkey
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_file)
     (tmp_path / "configs" / "model").mkdir(parents=True)
     checkpoint = tmp_path / "w" / "self_forcing" / "checkpoints" / "self_forcing_dmd.pt"
-    cfg = {"kind": "diffusers", "name": "sf", "class": "WanTransformer3DModel", "path": "Org/Model",
+    cfg = {"kind": "diffusers", "name": "sf", "transformer_class": "WanTransformer3DModel", "path": "Org/Model",
            "cache_dir": str(tmp_path / "hub"), "transformer_checkpoint": str(checkpoint), "height": 16, "width": 16}
     import yaml
 
-    (tmp_path / "configs" / "model" / "sf.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "configs" / "model" / "sf.yaml").write_text(yaml.safe_dump({"model": cfg}))  # a preset's model node
     (tmp_path / "configs" / "eval").mkdir()
     eval_default = (ROOT / "configs" / "eval" / "default.yaml").read_text()
     (tmp_path / "configs" / "eval" / "default.yaml").write_text(eval_default)

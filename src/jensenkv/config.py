@@ -432,6 +432,9 @@ class EvalConfig:
     vbench: VBenchConfig = field(default_factory=VBenchConfig)
     fps: int = 8                       # frame rate of the saved mp4 files
     save_videos: bool = True           # keep each quantized video as mp4 next to the run record
+    # true: a requested metric or dimension whose weights or packages are absent stops the run before any
+    # video is generated (jensenkv.doctor.require_ready); false: it is recorded missing, with the reason
+    require_ready: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.prompts, str) or not self.prompts \
@@ -446,8 +449,9 @@ class EvalConfig:
             fail("eval.metrics", self.metrics, f"must be a list drawn from {METRICS}")
         self.metrics = list(dict.fromkeys(self.metrics))
         check_int("eval.fps", self.fps, 1)
-        if not isinstance(self.save_videos, bool):
-            fail("eval.save_videos", self.save_videos, "must be true or false")
+        for key in ("save_videos", "require_ready"):
+            if not isinstance(getattr(self, key), bool):
+                fail(f"eval.{key}", getattr(self, key), "must be true or false")
 
     @property
     def used_prompts(self) -> list[str]:

@@ -35,7 +35,8 @@ METRIC_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "content": (),
 }
 MODEL_PACKAGES = {"tiny": (("safetensors", "safetensors"),),
-                  "diffusers": (("diffusers", "diffusers"), ("transformers", "transformers"))}
+                  "diffusers": (("diffusers", "diffusers"), ("transformers", "transformers")),
+                  "magi": (("transformers", "transformers"), ("safetensors", "safetensors"))}
 
 
 class NotReadyError(FileNotFoundError):
@@ -87,7 +88,7 @@ def model_configs(config_dir: Path = CONFIG_DIR) -> dict[str, dict]:
     """Every configs/model/*.yaml, resolved (``${oc.env:...}`` included)."""
     from omegaconf import OmegaConf
 
-    return {p.stem: OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+    return {p.stem: OmegaConf.to_container(OmegaConf.load(p), resolve=True)["model"]  # the preset's model node
             for p in sorted((config_dir / "model").glob("*.yaml"))}
 
 
@@ -109,8 +110,21 @@ def check_model(name: str, cfg: Mapping[str, Any]) -> Check:
         if cfg.get("transformer_checkpoint"):
             ckpt = Path(str(cfg["transformer_checkpoint"])).expanduser().resolve()
             check.files.append((ckpt, ckpt.is_file()))
+    elif kind == "magi":
+        if cfg.get("preset") != "tiny":  # the tiny preset is random-initialised: no files
+            from jensenkv.models.magi.build import PRESET_VARIANTS
+
+            folder = _diffusers_folder(cfg, check)
+            variant = cfg.get("variant") or PRESET_VARIANTS.get(cfg.get("preset"), "?")
+            if folder is not None:
+                for path in (folder / "ckpt" / "magi" / variant, Path(cfg.get("t5_path") or folder / "ckpt" / "t5"),
+                             Path(cfg.get("vae_path") or folder / "ckpt" / "vae")):
+                    check.files.append((path, path.exists()))
+            if cfg.get("special_tokens"):
+                tokens = Path(str(cfg["special_tokens_file"])).expanduser()
+                check.files.append((tokens, tokens.is_file()))
     else:
-        check.notes.append(f"model.kind={kind!r}: readiness is only known for kind tiny and diffusers")
+        check.notes.append(f"model.kind={kind!r}: readiness is only known for kinds tiny, diffusers and magi")
     return check
 
 
@@ -212,13 +226,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jensenkv.eval.vbench import ALL_DIMENSIONS
 
-    ev = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "eval" / "default.yaml"), resolve=True)
+    from jensenkv.run import compose_config
+
+    ev = OmegaConf.to_container(compose_config().eval, resolve=True)  # the default eval node, defaults included
     configs = model_configs()
     parser = argparse.ArgumentParser(prog="python -m jensenkv.doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=None, choices=sorted(configs),
                         help="model configs to check (default: all)")
     parser.add_argument("--metrics", nargs="*", default=None, choices=sorted(METRIC_PACKAGES),
-                        help="default: configs/eval/default.yaml's metrics")
+                        help="default: the default run's eval.metrics")
     parser.add_argument("--vbench-dims", nargs="*", default=None, choices=list(ALL_DIMENSIONS),
                         help="default: the eval config's dimensions")
     parser.add_argument("--lpips-net", default=None, choices=("alex", "vgg", "squeeze"))

@@ -168,4 +168,9 @@ def build_spec(cfg: Any) -> RunSpec:
                 raise cause from None
             raise ValueError(_one_line(e)) from None
     check_weights(spec.model)
+    if spec.eval.require_ready:  # every requested metric must be computable before any video is made
+        from jensenkv.doctor import require_ready
+
+        require_ready(spec.eval.metrics, spec.eval.vbench.dimensions if "vbench" in spec.eval.metrics else (),
+                      spec.eval.lpips.net)
     return spec
