@@ -363,6 +363,8 @@ class AttentionConfig:
     probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
         eval.metrics has "attention" (null: all). Real models' presets set evenly spaced subsets
         (jensenkv.attention.probes.evenly_spaced): every layer x step x chunk x branch is ~7,200 calls per video.
+    diagnostics: each probe also records theta, Var(e)/(D^2/12), the first-order / Jensen split of the cached
+        partition's shift and n_eff (keys em_*): why the correction helps or over-corrects, per layer and step.
     probes: whether probes are recorded; a run derives it from eval.metrics, Python callers set it.
     """
 
@@ -371,6 +373,7 @@ class AttentionConfig:
     strength: float = 1.0
     probe_layers: Optional[list[int]] = None
     probe_steps: Optional[list[int]] = None
+    diagnostics: bool = False  # add the error-model diagnostics (jensenkv.attention.diagnostics) to each probe
     probes: bool = False
 
     def __post_init__(self) -> None:
@@ -386,8 +389,9 @@ class AttentionConfig:
             if isinstance(value, (str, bytes)) or not all(is_int(i) and i >= 0 for i in value):
                 fail(f"attention.{key}", value, "use null (all) or a list of integer indices >= 0")
             setattr(self, key, sorted(set(value)))
-        if not isinstance(self.probes, bool):
-            fail("attention.probes", self.probes, "must be true or false")
+        for key in ("probes", "diagnostics"):
+            if not isinstance(getattr(self, key), bool):
+                fail(f"attention.{key}", getattr(self, key), "must be true or false")
 
     def validate(self) -> None:
         self.__post_init__()
@@ -582,6 +586,7 @@ class RunConfig:
             "strength": self.attention.strength,
             "probe_layers": self.attention.probe_layers if self.attention.probes else None,
             "probe_steps": self.attention.probe_steps if self.attention.probes else None,
+            "diagnostics": self.attention.diagnostics and self.attention.probes,
             "prompts": self.prompts,
             "seeds": list(self.eval.seeds),
             "metrics": metrics,

@@ -73,3 +73,23 @@ def test_bad_shapes_are_refused():
     step = GroupSteps(torch.ones(*k.shape[:3], 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="shapes"):
         error_model_diagnostics(q, k, k[:, :, :10], step)
+
+
+def test_segment_diagnostics_pool_quantized_segments_and_skip_unquantized_ones():
+    from types import SimpleNamespace
+
+    from jensenkv.attention.diagnostics import segment_diagnostics
+
+    q, k, g = _data(k=256)
+    step = torch.full((*k.shape[:3], 4), 1.0, dtype=torch.float64)
+    k_hat = k + torch.rand(k.shape, generator=g, dtype=torch.float64) - 0.5
+    half = k.shape[2] // 2
+    segs = [SimpleNamespace(k=k_hat[:, :, :half], k_ref=k[:, :, :half], steps=GroupSteps(step[:, :, :half])),
+            SimpleNamespace(k=k_hat[:, :, half:], k_ref=k[:, :, half:], steps=GroupSteps(step[:, :, half:])),
+            SimpleNamespace(k=k, k_ref=None, steps=None)]  # a full-precision sink: no error to describe
+    pooled = segment_diagnostics(q, segs)
+    direct = error_model_diagnostics(q, k, k_hat, GroupSteps(step))
+    assert pooled == {f"em_{key}": value for key, value in direct.items()}
+    assert segment_diagnostics(q, segs[2:]) == {}
+    gqa = segment_diagnostics(torch.cat([q, q], dim=1), segs[:2])  # 4 query heads on 2 KV heads
+    assert gqa["em_theta"] == pytest.approx(direct["theta"])

@@ -205,6 +205,14 @@ def test_probes_recorded_per_layer_and_step(make_adapter, int2_cache):
             adapter.denoise(noisy[c], 0.8 - 0.3 * step, c, "cond", step=step)
         adapter.commit(clean[c], c, "cond")
     assert [(p["layer"], p["step"]) for p in adapter.probes()] == [(0, 1)]
+    assert "em_theta" not in adapter.probes()[0]
+    adapter.configure(attention=AttentionSettings(probes=True, diagnostics=True))
+    for c in range(2):
+        adapter.denoise(noisy[c], 0.8, c, "cond", step=0)
+        adapter.commit(clean[c], c, "cond")
+    probe = adapter.probes()[0]
+    assert 0 < probe["em_var_ratio"] < 2 and probe["em_n_eff"] >= 1
+    assert probe["em_log_zs_shift"] == pytest.approx(probe["em_first_order"] + probe["em_jensen"])
     assert make_adapter().probes() is None
 
 

@@ -64,3 +64,21 @@ def error_model_diagnostics(q: torch.Tensor, k_ref: torch.Tensor, k_hat: torch.T
         "n_eff": float(n_eff.mean()),
         "n_eff_fraction": float(n_eff.mean() / s.shape[-1]),
     }
+
+
+def segment_diagnostics(q: torch.Tensor, segments, scale: float | None = None) -> dict[str, float]:
+    """``error_model_diagnostics`` over the quantized cached segments of one attention call (the ones with
+    steps and a full-precision reference; sinks and unquantized keys carry no error). q: (B, H, Q, D).
+    Empty dict when no segment qualifies. Keys are prefixed ``em_`` in probe records."""
+    quantized = [s for s in segments if s.steps is not None and s.k_ref is not None]
+    if not quantized:
+        return {}
+    rotation = quantized[0].steps.rotation
+    k_ref = torch.cat([s.k_ref for s in quantized], dim=2)  # (B, H, K, D)
+    k_hat = torch.cat([s.k for s in quantized], dim=2)
+    step = torch.cat([s.steps.step for s in quantized], dim=2)  # (B, H, K, G)
+    if k_ref.shape[1] != q.shape[1]:  # GQA: each KV head serves q.shape[1] / kv_heads query heads
+        groups = q.shape[1] // k_ref.shape[1]
+        k_ref, k_hat, step = (t.repeat_interleave(groups, dim=1) for t in (k_ref, k_hat, step))
+    out = error_model_diagnostics(q, k_ref, k_hat, GroupSteps(step, rotation), scale)
+    return {f"em_{k}": v for k, v in out.items()}

@@ -12,7 +12,10 @@ from collections.abc import Sequence
 import pandas as pd
 
 COMMIT_STEP = -1
-SUMMARY_KEYS = ("p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err")
+SUMMARY_KEYS = ("p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err",
+                # error-model diagnostics (attention.diagnostics=true; jensenkv.attention.diagnostics)
+                "em_theta", "em_var_ratio", "em_log_zs_shift", "em_first_order", "em_jensen", "em_predicted_taylor",
+                "em_n_eff", "em_n_eff_fraction")
 REQUIRED_KEYS = ("layer", "step", "chunk", "branch", "p_s", "p_s_ref", "delta_p_s")
 
 

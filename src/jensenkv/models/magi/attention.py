@@ -124,6 +124,10 @@ class WindowAttention:
                 from jensenkv.attention import attention_probes
 
                 values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=settings.strength)
+                if settings.diagnostics:
+                    from jensenkv.attention.diagnostics import segment_diagnostics
+
+                    values.update(segment_diagnostics(q_c, segments))
                 caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
                                              "branch": self.pass_name, **values})
         if self.commit_position is not None:

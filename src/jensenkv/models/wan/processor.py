@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
 from jensenkv.attention import attention_probes, get_backend
+from jensenkv.attention.diagnostics import segment_diagnostics
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
 from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, AttentionSettings, ChunkState, InFlightChunk
 
@@ -150,6 +151,8 @@ class CachedSelfAttnProcessor:
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment], chunk: InFlightChunk) -> None:
         values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.attention.strength)
+        if self.attention.diagnostics:
+            values.update(segment_diagnostics(q, segments))
         self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step,
                                          "chunk": chunk.index, "branch": self.state.branch, **values})
 
