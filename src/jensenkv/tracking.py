@@ -269,7 +269,7 @@ class FileLock:
         return None
 
     def _lease(self, started: float) -> dict:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "pid_started": _process_started(os.getpid()),
+        return {"host": self._host, "pid": os.getpid(), "pid_started": _process_started(os.getpid()),
                 "started": started, "heartbeat": time.time(), "token": self._token}
 
     def try_acquire(self) -> bool:
@@ -283,7 +283,7 @@ class FileLock:
                     return False
                 log.warning("taking over stale lock %s (%s): %s", self.path, self._describe(holder), reason)
                 self.path.unlink(missing_ok=True)
-            self._token = uuid.uuid4().hex
+            self._token, self._host = uuid.uuid4().hex, socket.gethostname()
             now = time.time()
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
