@@ -41,6 +41,9 @@ train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
 bench: setup ## benchmarks -> results/bench.csv and results/bench.md
 	$(PY) scripts/bench.py
 
+figures: setup ## figures from results/runs -> results/figures/ (tradeoff, attention mass, Jensen bias)
+	$(PY) -m jensenkv.report.figures
+
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
 	$(PY) scripts/fetch_weights.py
 

@@ -310,5 +310,5 @@ def test_a_sweep_killed_mid_way_is_finished_by_the_rerun(tmp_path, weights, when
     assert len(list(results.glob("runs/*/record.json"))) < 2  # killed before the sweep was done
     rerun = subprocess.run(args, env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "0 failed, 0 missing" in rerun.stderr
+    assert "0 failed, 0 missing" in rerun.stderr, rerun.stderr[-3000:]
     _check_store(results, 2)

@@ -6,11 +6,15 @@ Layout under the results directory (``paths.results_dir``, default ``results/``)
     runs/<run_id>/prompts/<i>.json   per-prompt results (lets an interrupted run resume)
     runs/<run_id>/attention.csv      probe statistics per (prompt, layer, step, chunk, branch)
     runs/<run_id>/videos/*.mp4       the run's videos
+    runs/<run_id>/wandb.json         written once the record is logged to W&B (absent: a rerun logs it)
+    runs/<run_id>/error.json         the run's last failure (sweep summaries report it)
+    runs/<run_id>/.lock, .tmp/       the lease of the process running it; files being written
     refs/<ref_id>.pt                 BF16 reference videos, shared by every run of the same model/prompt/seed
     wandb/                           offline W&B runs (``wandb sync results/wandb/wandb/offline-run-*``)
 
 Every file is written to a temporary file in the same directory and moved into place with
-``os.replace``, so a crash never leaves a half-written record behind.
+``os.replace``, so a crash never leaves a half-written record behind; what a killed writer leaves is removed
+by the next process that takes the run's lock.
 """
 from __future__ import annotations
 

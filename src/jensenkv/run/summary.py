@@ -73,7 +73,8 @@ def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
                 store = ResultsStore(spec.results_dir)
                 planned[spec.run_id] = PlannedRun(spec.run_id, Path(spec.results_dir), _label(spec),
                                                   store.record_path(spec.run_id).exists())
-    except Exception:  # noqa: BLE001 - range sweeps and the like: Hydra runs them, without a summary
+    except Exception as e:  # noqa: BLE001 - range sweeps and the like: Hydra runs them, without a summary
+        print(f"note: no run summary for this command ({type(e).__name__}: {e})", file=sys.stderr)
         return None
     return list(planned.values())
 
