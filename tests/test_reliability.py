@@ -162,8 +162,22 @@ def test_null_threads_share_the_cores_between_parallel_jobs(monkeypatch):
     assert runner.default_threads() == 2
     monkeypatch.setattr(runner, "parallel_jobs", lambda: 32)
     assert runner.default_threads() == 1
+    assert runner.default_threads({"kind": "tiny"}) == 1  # too small to split across threads
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert runner.default_threads() is None  # the user's choice: torch already follows it
+    assert runner.default_threads({"kind": "tiny"}) is None  # the user's choice: torch already follows it
+
+
+def test_a_run_with_null_threads_uses_the_default(tmp_path, weights, monkeypatch):
+    from jensenkv.run import runner
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_overrides(fast_overrides(tmp_path, weights, "eval.metrics=[psnr]", "threads=null"))
+        assert torch.get_num_threads() == runner.default_threads({"kind": "tiny"}) == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 # --- W&B -----------------------------------------------------------------------------------------------

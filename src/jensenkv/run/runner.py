@@ -55,12 +55,15 @@ def parallel_jobs() -> int:
     return available_cores() if n_jobs < 0 else max(1, n_jobs)
 
 
-def default_threads() -> int | None:
-    """torch threads when ``threads`` is null: None (leave torch alone) if OMP_NUM_THREADS is set; else
-    the cores shared out between parallel local jobs, at most MAX_DEFAULT_THREADS (torch's own default
-    takes every core per job and oversubscribes: 53 s instead of 15 s for the README run on 2 cores)."""
+def default_threads(model: dict | None = None) -> int | None:
+    """torch threads when ``threads`` is null: None (leave torch alone) if OMP_NUM_THREADS is set; 1 for the
+    built-in model, whose ops are too small to split (README run on 2 shared cores: 128 s with torch's
+    default of 2 threads, 38 s with 1); else the cores shared out between parallel local jobs, at most
+    MAX_DEFAULT_THREADS (torch's default gives every job every core and oversubscribes)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
+    if (model or {}).get("kind") == "tiny":
+        return 1
     return max(1, min(MAX_DEFAULT_THREADS, available_cores() // parallel_jobs()))
 
 
@@ -318,7 +321,7 @@ class Runner:
         from tqdm.auto import tqdm
 
         self.store.clean_run_tmp(self.run_id)
-        threads = self.spec.threads or default_threads()
+        threads = self.spec.threads or default_threads(self.spec.model)
         if threads:
             torch.set_num_threads(threads)
         start = time.perf_counter()
