@@ -446,7 +446,13 @@ class Runner:
     def log_pending_wandb(self, record: dict) -> None:
         """Log a finished run's record to W&B, holding the run's lock (a parallel rerun logs it once)."""
         lock = self.store.run_lock(self.run_id)
-        if not lock.try_acquire():
+        try:
+            acquired = lock.try_acquire()
+        except OSError as e:  # e.g. finished results on a read-only disk: the record stands
+            log.warning("run %s is not logged to W&B yet and its folder cannot be written (%s); rerun where it can",
+                        self.run_id, e)
+            return
+        if not acquired:
             log.info("run %s: its W&B log is being written elsewhere (%s)", self.run_id, lock.describe_holder())
             return
         try:
