@@ -48,4 +48,4 @@ fetch-weights: setup ## on a machine with internet: download real-model and eval
 	$(PY) scripts/fetch_weights.py
 
 clean: ## remove run outputs (keeps committed tables and figures)
-	rm -rf outputs multirun results/runs results/refs results/wandb
+	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard

@@ -216,8 +216,9 @@ class FileLock:
     """
 
     def __init__(self, path: str | os.PathLike, stale_after_s: float | None = None,
-                 heartbeat_s: float | None = None):
+                 heartbeat_s: float | None = None, guard: str | os.PathLike | None = None):
         self.path = Path(path)
+        self.guard_path = Path(guard) if guard is not None else Path(f"{self.path}.guard")  # never deleted
         self.stale_after_s = float(stale_after_s) if stale_after_s is not None else lock_stale_after_s()
         self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else self.stale_after_s / 4
         self.held = False
@@ -230,7 +231,8 @@ class FileLock:
     def _guard(self):
         import filelock
 
-        return filelock.FileLock(f"{self.path}.guard", timeout=max(30.0, self.stale_after_s))
+        self.guard_path.parent.mkdir(parents=True, exist_ok=True)
+        return filelock.FileLock(str(self.guard_path), timeout=max(30.0, self.stale_after_s))
 
     def _read(self) -> tuple[dict | None, float | None]:
         """(holder or None if empty/garbled, file mtime); (None, None) when there is no lock file."""
@@ -371,13 +373,10 @@ class FileLock:
         if self._thread is not None:
             self._thread.join()
         self.held = False
-        try:
-            with self._guard():
-                holder, _ = self._read()
-                if holder and holder.get("token") == self._token:  # never remove a lock another took over
-                    self.path.unlink(missing_ok=True)
-        finally:
-            Path(f"{self.path}.guard").unlink(missing_ok=True)
+        with self._guard():
+            holder, _ = self._read()
+            if holder and holder.get("token") == self._token:  # never remove a lock another took over
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> FileLock:
         self.acquire()
@@ -432,11 +431,16 @@ class ResultsStore:
     def ref_path(self, ref_id: str) -> Path:
         return self.refs_dir / f"{ref_id}.pt"
 
+    @property
+    def guard_path(self) -> Path:
+        """One OS lock file for the whole store, serialising lease checks (a few ms each)."""
+        return self.root / ".locks.guard"
+
     def run_lock(self, run_id: str) -> FileLock:
-        return FileLock(self.run_dir(run_id) / ".lock")
+        return FileLock(self.run_dir(run_id) / ".lock", guard=self.guard_path)
 
     def ref_lock(self, ref_id: str) -> FileLock:
-        return FileLock(self.refs_dir / f".{ref_id}.lock")
+        return FileLock(self.refs_dir / f".{ref_id}.lock", guard=self.guard_path)
 
     def tmp_dir(self, run_id: str) -> Path:
         """Where a run's files are encoded before being moved into place (outside videos/)."""
