@@ -178,3 +178,16 @@ def test_an_incomplete_table_says_what_it_compared_and_leaves_the_committed_one(
     printed = capsys.readouterr().out
     assert f"none (run {ids['none']}) -> taylor (run {ids['taylor']})" in printed  # which runs each row compares
     assert "1 prompt(s)" in printed and all(run_id in printed for run_id in strays)
+
+
+def test_each_model_is_compared_within_its_own_context():
+    """Real models use natural-language prompts, the built-in one its grammar: one context per model."""
+    from jensenkv.report.selection import comparable
+
+    rows = [{"run_id": f"{model}-{corr}-{n}", "model": model, "context": f"{model}-{n}", "setting": f"{model}-{n}",
+             "context_desc": f"{n} prompts", "correction": corr, "num_prompts": n, "created_at": "2026-01-01"}
+            for model, n in (("tiny", 8), ("tiny", 1), ("skyreels", 4)) for corr in ("none", "taylor")
+            if not (model == "tiny" and n == 1 and corr == "none")]
+    selection = comparable(pd.DataFrame(rows))
+    assert set(selection.runs["run_id"]) == {"tiny-none-8", "tiny-taylor-8", "skyreels-none-4", "skyreels-taylor-4"}
+    assert len(selection.left_out) == 1 and "tiny-taylor-1" in selection.left_out[0]

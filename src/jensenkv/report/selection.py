@@ -53,23 +53,26 @@ def latest(runs: pd.DataFrame, keys: list[str] | tuple[str, ...]) -> pd.DataFram
     return ordered.groupby(list(keys), dropna=False, sort=False).tail(1)
 
 
-def comparable(runs: pd.DataFrame, context: str | None = None) -> Selection:
-    """The runs of one context (``context``, or the one with the most distinct settings, then the most
-    prompts, then the newest run); every other run is listed in ``left_out`` with its context."""
+def _best_context(runs: pd.DataFrame) -> str:
+    """The context with the most distinct settings, then the most runs, the most prompts, the newest run."""
+    stats = runs.groupby("context", dropna=False).agg(settings=("setting", "nunique"), runs=("run_id", "size"),
+                                                     prompts=("num_prompts", "max"), newest=("created_at", "max"))
+    return stats.sort_values(["settings", "runs", "prompts", "newest"], kind="stable").index[-1]
+
+
+def comparable(runs: pd.DataFrame, per: tuple[str, ...] = ("model",)) -> Selection:
+    """The runs of one context per ``per`` group (each model has its own prompts and settings; within a
+    model, the context with the most distinct settings, then the most runs, prompts, the newest run);
+    every other run is listed in ``left_out`` with its context."""
     if runs.empty:
         return Selection(runs)
-    runs = _ensure(runs, ("context", "setting", "context_desc", "correction", *RUN_ORDER))
-    if context is None:
-        stats = runs.groupby("context", dropna=False).agg(settings=("setting", "nunique"),
-                                                         corrections=("correction", "size"),
-                                                         prompts=("num_prompts", "max"),
-                                                         newest=("created_at", "max"))
-        context = stats.sort_values(["settings", "corrections", "prompts", "newest"], kind="stable").index[-1]
-    chosen = runs[runs["context"] == context]
-    desc = str(chosen["context_desc"].iloc[0]) if not chosen.empty else ""
+    runs = _ensure(runs, ("context", "setting", "context_desc", "correction", *per, *RUN_ORDER))
+    contexts = [_best_context(group) for _, group in runs.groupby(list(per), dropna=False, sort=True)]
+    chosen = runs[runs["context"].isin(contexts)]
+    descs = list(dict.fromkeys(str(d) for d in chosen["context_desc"]))
     left_out = [f"{describe_run(row)}: other prompts, seeds, model settings or weights ({row['context_desc']})"
-                for _, row in runs[runs["context"] != context].sort_values("run_id").iterrows()]
-    return Selection(chosen, context, desc, left_out)
+                for _, row in runs[~runs["context"].isin(contexts)].sort_values("run_id").iterrows()]
+    return Selection(chosen, contexts[0] if len(contexts) == 1 else None, "; ".join(descs), left_out)
 
 
 def pairs(runs: pd.DataFrame, row_keys: list[str] | tuple[str, ...], compared: tuple[str, str]) -> pd.DataFrame:
