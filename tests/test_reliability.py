@@ -295,7 +295,6 @@ def test_a_sweep_writes_nothing_outside_the_project_and_its_results(tmp_path, we
     assert again.returncode == 0 and "2 skipped (already finished)" in again.stderr
 
 
-@pytest.mark.slow
 def test_two_identical_sweeps_at_once_leave_one_record_and_one_wandb_run_per_run(tmp_path, weights):
     results = tmp_path / "results"
     extra = ("correction=none,taylor,exact", "eval.num_prompts=2")
@@ -309,8 +308,7 @@ def test_two_identical_sweeps_at_once_leave_one_record_and_one_wandb_run_per_run
     _check_store(results, 3)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("when", ["prompts/0000.json", "record.json"])
+@pytest.mark.parametrize("when", ["prompts/0000.json", pytest.param("record.json", marks=pytest.mark.slow)])
 def test_a_sweep_killed_mid_way_is_finished_by_the_rerun(tmp_path, weights, when):
     results = tmp_path / "results"
     args = _sweep_args(tmp_path, results, weights, "sweep", "correction=none,taylor", "eval.num_prompts=2")
