@@ -42,6 +42,9 @@ train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
 bench: setup ## benchmarks -> results/bench.csv and results/bench.md
 	$(PY) scripts/bench.py
 
+figures: setup ## figures from results/runs -> results/figures/ (tradeoff, attention mass, Jensen bias)
+	$(PY) -m jensenkv.report.figures
+
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
 	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py  # the one target that may reach the Hub
 
@@ -49,4 +52,4 @@ check-weights: setup ## which models, metrics and VBench dimensions are ready he
 	$(PY) -m jensenkv.doctor
 
 clean: ## remove run outputs (keeps committed tables and figures)
-	rm -rf outputs multirun results/runs results/refs results/wandb
+	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard

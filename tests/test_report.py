@@ -10,8 +10,12 @@ import torch
 
 from jensenkv.report.figures import jensen_bias_curves, plot_tradeoff
 from jensenkv.report.table1 import CSV_COLUMNS, main, paper_table, select_runs, write_table1
+from jensenkv.run import run_overrides
 from jensenkv.tracking import load_results
 
+from pipeline_testkit import build_results_fixture, fast_overrides, write_random_tiny_weights  # noqa: E402
+
+INT2 = ("quant.bits=2", "quant.group_size=32")
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +35,9 @@ def test_table1_csv_has_one_row_per_table_run(results, written):
     required = {"model", "quantizer", "bits", "group_size", "rotation", "correction", "effective_bits",
                 "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s"}
     assert required <= set(table.columns) and list(table.columns[: len(CSV_COLUMNS)]) == list(CSV_COLUMNS)
-    assert set(table["quantizer"]) == {"bf16", "rtn", "quarot+rtn"}
+    assert set(table["quantizer"]) == {"bf16", "rtn", "quarot+rtn", "qvg"}
     assert set(table.loc[table["quantizer"] != "bf16", "group_size"]) == {32}  # g=128 runs belong to the trade-off
-    assert len(table) == 1 + 2 * 2 + 2  # BF16, RTN INT2/INT4 x {none, taylor}, QuaRot INT2 x {none, taylor}
+    assert len(table) == 1 + 2 * 2 + 2 + 2  # BF16, RTN INT2/INT4 x {none, taylor}, QuaRot and QVG INT2 x {none, taylor}
     runs = load_results(results).set_index("run_id")
     for _, row in table.iterrows():  # numbers are the records', not recomputed or invented
         assert row["effective_bits"] == pytest.approx(runs.loc[row["run_id"], "effective_bits"])
@@ -56,11 +60,14 @@ def test_markdown_and_latex_follow_the_paper_layout(written):
     out, paths = written
     table = pd.read_csv(paths["csv"])
     md, tex = Path(paths["md"]).read_text(), Path(paths["tex"]).read_text()
+    assert Path(paths["md"]).parent == out  # complete: written where asked
+    for text in (md, tex, Path(paths["csv"]).read_text()):  # no machine paths in committed tables
+        assert str(Path.home()) + "/" not in text and str(Path(__file__).resolve().parents[1]) not in text
     rtn2 = table[(table["quantizer"] == "rtn") & (table["bits"] == 2)].set_index("correction")
     cell = f"{rtn2.loc['none', 'psnr']:.2f} -> {rtn2.loc['taylor', 'psnr']:.2f}"
     assert cell in md and cell.replace("->", r"$\rightarrow$") in tex
     assert "| BF16 " in md and "QuaRot+RTN" in md and "INT4 g32" in md
-    assert tex.count(r"\\") == 1 + 4  # header + BF16, RTN INT2, RTN INT4, QuaRot INT2
+    assert tex.count(r"\\") == 1 + 5  # header + BF16, RTN INT2, RTN INT4, QuaRot INT2, QVG INT2
     assert tex.startswith(r"\begin{table}") and r"\end{tabular}" in tex
     assert "alexnet-owt-7be5be79.pth" in md  # the footnote says why LPIPS is n/a
 
@@ -113,3 +120,70 @@ def test_tradeoff_plot_needs_its_columns():
 def test_cli_without_runs_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no finished runs"):
         main(["--results", str(tmp_path)])
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A store where RTN INT2 ran over one prompt (BF16, none, taylor) plus two runs that must never be paired
+    with those: taylor over two prompts (it wins on prompt count), none with other steps and seeds (newer)."""
+    root = tmp_path_factory.mktemp("mixed")
+    weights, results = write_random_tiny_weights(root / "weights"), root / "results"
+    matched = build_results_fixture(results, weights, (("quant=bf16",), (*INT2, "correction=none"),
+                                                       (*INT2, "correction=taylor")))
+    more = run_overrides(fast_overrides(results, weights, *INT2, "correction=taylor", "eval.num_prompts=2"))
+    other = run_overrides(fast_overrides(results, weights, *INT2, "correction=none", "generation.steps=3", "eval.seeds=[1]"))
+    return results, {r["labels"]["correction"] if r["labels"]["quantizer"] != "bf16" else "bf16": r["run_id"]
+                     for r in matched}, [more["run_id"], other["run_id"]]
+
+
+def test_a_cell_pairs_runs_that_differ_only_in_the_correction(mixed):
+    results, ids, strays = mixed
+    chosen = select_runs(load_results(results))
+    rtn = chosen[chosen["quantizer"] == "rtn"].set_index("correction")["run_id"]
+    assert dict(rtn) == {"none": ids["none"], "taylor": ids["taylor"]}  # same prompts, seeds, steps, weights
+    from jensenkv.report.table1 import build_table1
+
+    t1 = build_table1(results)
+    left_out = "\n".join(t1.selection.left_out)
+    assert all(run_id in left_out for run_id in strays)  # reported, not mixed in
+    assert all(run_id not in set(t1.table["run_id"]) for run_id in strays)
+
+
+def test_the_figures_use_the_same_runs(mixed, tmp_path):
+    from jensenkv.report.figures import rtn_runs, write_figures
+    from jensenkv.report.selection import latest
+
+    results, ids, strays = mixed
+    selection = rtn_runs(load_results(results))
+    assert set(latest(selection.runs, ("bits", "group_size", "correction"))["run_id"]) == {ids["none"], ids["taylor"]}
+    written = write_figures(results, tmp_path)
+    assert all(run_id in written["left_out"] for run_id in strays)
+
+
+def test_an_incomplete_table_says_what_it_compared_and_leaves_the_committed_one(mixed, tmp_path, capsys):
+    results, ids, strays = mixed
+    committed = {name: tmp_path / name for name in ("table1.csv", "table1.md", "table1.tex")}
+    for path in committed.values():
+        path.write_text("committed\n")
+    with pytest.raises(SystemExit, match="incomplete") as info:
+        main(["--results", str(results), "--out", str(tmp_path), "--no-figures"])
+    assert "QVG INT2 (no run)" in str(info.value) and "unchanged" in str(info.value)
+    assert all(path.read_text() == "committed\n" for path in committed.values())
+    partial = pd.read_csv(tmp_path / "partial" / "table1.csv")
+    assert set(partial["run_id"]) == set(ids.values())
+    printed = capsys.readouterr().out
+    assert f"none (run {ids['none']}) -> taylor (run {ids['taylor']})" in printed  # which runs each row compares
+    assert "1 prompt(s)" in printed and all(run_id in printed for run_id in strays)
+
+
+def test_each_model_is_compared_within_its_own_context():
+    """Real models use natural-language prompts, the built-in one its grammar: one context per model."""
+    from jensenkv.report.selection import comparable
+
+    rows = [{"run_id": f"{model}-{corr}-{n}", "model": model, "context": f"{model}-{n}", "setting": f"{model}-{n}",
+             "context_desc": f"{n} prompts", "correction": corr, "num_prompts": n, "created_at": "2026-01-01"}
+            for model, n in (("tiny", 8), ("tiny", 1), ("skyreels", 4)) for corr in ("none", "taylor")
+            if not (model == "tiny" and n == 1 and corr == "none")]
+    selection = comparable(pd.DataFrame(rows))
+    assert set(selection.runs["run_id"]) == {"tiny-none-8", "tiny-taylor-8", "skyreels-none-4", "skyreels-taylor-4"}
+    assert len(selection.left_out) == 1 and "tiny-taylor-1" in selection.left_out[0]

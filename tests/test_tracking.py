@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -142,3 +143,108 @@ def test_a_dead_holders_lock_is_taken_over_but_another_hosts_is_respected(tmp_pa
     assert FileLock(path).try_acquire()  # stale: its process is gone
     path.write_text(json.dumps({"host": "some-other-node", "pid": 1}))
     assert not FileLock(path).try_acquire()  # cannot tell from here: respected
+
+
+# --- leases ----------------------------------------------------------------------------------------------
+def _holder(path, **fields) -> None:
+    path.write_text(json.dumps(fields))
+
+
+def test_an_empty_or_garbled_lock_is_taken_over_once_it_is_not_being_written(tmp_path):
+    path = tmp_path / "x.lock"
+    path.write_text("")
+    assert not FileLock(path).try_acquire()  # fresh: its creator may be writing it right now
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    lock = FileLock(path)
+    assert lock.try_acquire() and json.loads(path.read_text())["pid"] == os.getpid()
+    lock.release()
+    path.write_text("{garbled")
+    os.utime(path, (old, old))
+    assert FileLock(path).try_acquire()
+
+
+def test_another_hosts_lock_is_respected_while_it_heartbeats_and_taken_over_after(tmp_path, caplog):
+    path = tmp_path / "x.lock"
+    _holder(path, host="other-node", pid=1, heartbeat=time.time())
+    assert not FileLock(path, stale_after_s=60).try_acquire()
+    _holder(path, host="other-node", pid=1, heartbeat=time.time() - 61)  # preempted: no heartbeat for 61 s
+    with caplog.at_level("WARNING", logger="jensenkv.tracking"):
+        assert FileLock(path, stale_after_s=60).try_acquire()
+    assert "other-node" in caplog.text and "no heartbeat" in caplog.text
+
+
+def test_a_reused_pid_does_not_keep_a_lock_alive(tmp_path):
+    import socket
+
+    path = tmp_path / "x.lock"
+    _holder(path, host=socket.gethostname(), pid=os.getpid(), pid_started=1.0, heartbeat=time.time())
+    assert FileLock(path).try_acquire()  # this PID is alive, but it is not the process that took the lock
+
+
+def test_a_lease_is_renewed_while_held_and_lost_to_nobody(tmp_path, monkeypatch):
+    import jensenkv.tracking as tracking
+
+    path = tmp_path / "x.lock"
+    holder = FileLock(path, stale_after_s=0.6, heartbeat_s=0.05)
+    assert holder.try_acquire()
+    first = json.loads(path.read_text())["heartbeat"]
+    monkeypatch.setattr(tracking.socket, "gethostname", lambda: "another-node")  # seen from another host
+    time.sleep(1.0)
+    assert json.loads(path.read_text())["heartbeat"] > first
+    assert not FileLock(path, stale_after_s=0.6).try_acquire()  # renewed: still live after > stale_after_s
+    holder._stop.set()  # the holder freezes (preempted): no more heartbeats
+    holder._thread.join()
+    time.sleep(0.8)
+    taker = FileLock(path, stale_after_s=0.6, heartbeat_s=0.05)
+    assert taker.try_acquire()
+    holder.release()  # the old holder wakes up: it must not remove the new holder's lock
+    assert path.exists() and json.loads(path.read_text())["token"] == taker._token
+    taker.release()
+    assert not path.exists()
+
+
+def test_waiting_for_a_lock_says_who_holds_it_and_ends_when_the_lease_runs_out(tmp_path, caplog):
+    path = tmp_path / "x.lock"
+    _holder(path, host="other-node", pid=7, heartbeat=time.time())
+    lock = FileLock(path, stale_after_s=0.5)
+    with caplog.at_level("WARNING", logger="jensenkv.tracking"):
+        lock.acquire(poll_s=0.05)
+    assert lock.held and "waiting for host other-node, pid 7" in caplog.text
+    lock.release()
+
+
+def test_only_one_of_many_processes_takes_over_a_stale_lock(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    path = tmp_path / "x.lock"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _holder(path, host=socket.gethostname(), pid=int(dead.stdout), heartbeat=time.time())
+    script = ("import sys, time; from jensenkv.tracking import FileLock; lock = FileLock(sys.argv[1]); "
+              "time.sleep(max(0, float(sys.argv[2]) - time.time())); print(lock.try_acquire()); time.sleep(1)")
+    start = str(time.time() + 8)  # after every import: all try at once
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), start], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    answers = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert sorted(answers) == ["False", "False", "False", "True"]
+
+
+def test_atomic_writes_make_files_with_the_usual_permissions(tmp_path):
+    mask = os.umask(0o022)
+    try:
+        path = atomic_write_json(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_portable_drops_machine_paths():
+    from pathlib import Path
+
+    from jensenkv.tracking import portable
+
+    home = str(Path.home())
+    assert portable(f"put it in {home}/.cache/torch/hub") == "put it in ~/.cache/torch/hub"
+    assert portable(f"{home}x/file") == f"{home}x/file"  # only whole path components

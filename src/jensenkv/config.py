@@ -498,7 +498,9 @@ class RunConfig:
                                                                          "background"]))
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
-    threads: Optional[int] = None      # torch intra-op threads (null: the runner picks)
+    threads: Optional[int] = None      # torch threads; null: 1 for the built-in model, else the cores shared out
+                                       # between parallel local jobs, at most 4 (run.runner.default_threads);
+                                       # OMP_NUM_THREADS, when set, wins
     experiment_name: str = "default"   # bookkeeping only (W&B group); not part of the run id
 
     def __post_init__(self) -> None:

@@ -6,21 +6,30 @@ Layout under the results directory (``paths.results_dir``, default ``results/``)
     runs/<run_id>/prompts/<i>.json   per-prompt results (lets an interrupted run resume)
     runs/<run_id>/attention.csv      probe statistics per (prompt, layer, step, chunk, branch)
     runs/<run_id>/videos/*.mp4       the run's videos
+    runs/<run_id>/wandb.json         written once the record is logged to W&B (absent: a rerun logs it)
+    runs/<run_id>/error.json         the run's last failure (sweep summaries report it)
+    runs/<run_id>/.lock, .tmp/       the lease of the process running it; files being written
     refs/<ref_id>.pt                 BF16 reference videos, shared by every run of the same model/prompt/seed
     wandb/                           offline W&B runs (``wandb sync results/wandb/wandb/offline-run-*``)
 
 Every file is written to a temporary file in the same directory and moved into place with
-``os.replace``, so a crash never leaves a half-written record behind.
+``os.replace``, so a crash never leaves a half-written record behind; what a killed writer leaves is removed
+by the next process that takes the run's lock.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import logging
 import math
 import os
 import socket
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,10 +39,36 @@ import pandas as pd
 RECORD_SCHEMA = 1
 INTEGER_COLUMNS = ("bits", "group_size", "sink_chunks", "window_chunks", "num_prompts")
 RECORD_FILE = "record.json"
+WANDB_MARKER = "wandb.json"    # written once the run's W&B run is complete; its absence = log again
+ERROR_FILE = "error.json"      # the last failure of a run (what a sweep summary reports)
+TMP_DIR = ".tmp"               # a run's temporary files: never inside videos/, which VBench scores whole
+
+log = logging.getLogger("jensenkv.tracking")
 
 
 class CorruptRecordError(ValueError):
     """A record file exists but cannot be read; names the file. Nothing is deleted."""
+
+
+class ResultsWriteError(ValueError):
+    """The results directory cannot be written (read-only, full, a file in the way): one line, no traceback."""
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
+                errno.EISDIR)
+
+
+def describe_write_error(error: OSError, root: str | os.PathLike) -> str:
+    """One line saying why writing under the results directory ``root`` failed and what to do."""
+    where = error.filename or root
+    setting = f"paths.results_dir={str(root)!r}"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device (or quota) writing {where}: free space or point {setting} elsewhere"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write {where}: the results directory is read-only; point {setting} at a writable folder"
+    if error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        return f"{setting} must be a directory, but a file is in the way at {where}"
+    return f"cannot write {where} ({error.strerror or error}); check {setting}"
 
 
 # --- hashing -----------------------------------------------------------------------------------------
@@ -50,6 +85,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600: results are shared files
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
@@ -60,6 +96,46 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def remove_tmp_files(folder: Path, keep: Callable[[Path], bool] = lambda p: False) -> list[Path]:
+    """Delete temporary files left by killed writers under ``folder`` (call it while holding the folder's
+    lock): ``atomic_write``'s ``.*.tmp``, the ``.tmp/`` folder and older ``videos/.*.tmp.mp4``."""
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for path in [*folder.rglob(".*.tmp"), *folder.rglob(".*.tmp.mp4"), *folder.glob(f"{TMP_DIR}/**/*")]:
+        if path.is_file() and not keep(path):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def portable(text: str) -> str:
+    """A message or path without this machine's absolute paths: the project as ./, the home as ~."""
+    import re
+
+    for root, short in ((str(Path(__file__).resolve().parents[2]), "."), (str(Path.home()), "~")):
+        if root not in ("", os.sep):
+            text = re.sub(re.escape(root) + r"(?![\w.-])", short, text)
+    return text
+
+
+def portable_json(obj: Any) -> Any:
+    """``portable`` applied to every string of a JSON-like object."""
+    if isinstance(obj, str):
+        return portable(obj)
+    if isinstance(obj, Mapping):
+        return {k: portable_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable_json(v) for v in obj]
+    return obj
 
 
 def _json_safe(obj: Any) -> Any:
@@ -92,64 +168,215 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 # --- locks: one process per run / per reference ------------------------------------------------------
-class FileLock:
-    """An exclusive lock file (O_EXCL create) holding {host, pid}, so parallel sweep jobs never do the same work.
+LOCK_STALE_ENV = "JENSENKV_LOCK_STALE_S"
+DEFAULT_LOCK_STALE_S = 120.0
+UNREADABLE_GRACE_S = 5.0  # an empty / garbled lock younger than this may be mid-write by its creator
 
-    A lock left by a dead process on this host is stale and taken over; a lock held on another host (SLURM)
-    is respected: if that job died, delete the lock file by hand (the message names it).
+
+def lock_stale_after_s() -> float:
+    """Seconds without a heartbeat after which a lock held on another host is taken over
+    ($JENSENKV_LOCK_STALE_S, default 120; the holder renews it every quarter of that)."""
+    raw = os.environ.get(LOCK_STALE_ENV)
+    if raw is None:
+        return DEFAULT_LOCK_STALE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{LOCK_STALE_ENV}={raw!r} is not allowed: must be a number of seconds > 0")
+    return value
+
+
+def _process_started(pid: int) -> float | None:
+    """Start time (epoch s) of a live process on this host; None if it is gone (zombies count as gone)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+    except psutil.AccessDenied:
+        return float("nan")  # alive, start time unknown
+
+
+class FileLock:
+    """A lease on a lock file, so parallel sweep jobs (local or SLURM, on any host) never do the same work.
+
+    The lock file holds {host, pid, pid_started, started, heartbeat, token}; a thread renews the heartbeat
+    every ``heartbeat_s``. A lock is stale, and taken over with a message, when it is empty or garbled (and
+    older than a few seconds), when its process on this host is gone or its PID now belongs to another
+    process, or when it had no heartbeat for ``stale_after_s`` (a preempted SLURM job, a dead node, a host
+    change). Check-and-take-over runs under an OS lock (``filelock``, released by the kernel when its holder
+    dies), so two processes never both take over the same stale lock. A holder that finds its lease taken
+    sets ``lost`` and stops renewing it.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, stale_after_s: float | None = None,
+                 heartbeat_s: float | None = None, guard: str | os.PathLike | None = None):
         self.path = Path(path)
+        self.guard_path = Path(guard) if guard is not None else Path(f"{self.path}.guard")  # never deleted
+        self.stale_after_s = float(stale_after_s) if stale_after_s is not None else lock_stale_after_s()
+        self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else self.stale_after_s / 4
         self.held = False
+        self.lost = False
+        self._token: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def _holder(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None  # vanished, or being written right now
+    # -- the guard: serialises every check-and-write of the lock file --------------------------------
+    def _guard(self):
+        import filelock
 
-    def _stale(self, holder: dict | None) -> bool:
-        if holder is None or holder.get("host") != socket.gethostname():
-            return False
+        self.guard_path.parent.mkdir(parents=True, exist_ok=True)
+        return filelock.FileLock(str(self.guard_path), timeout=max(30.0, self.stale_after_s))
+
+    def _read(self) -> tuple[dict | None, float | None]:
+        """(holder or None if empty/garbled, file mtime); (None, None) when there is no lock file."""
         try:
-            os.kill(int(holder["pid"]), 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, KeyError, ValueError):
-            return False
-        return False
+            mtime = self.path.stat().st_mtime
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None, None
+        except OSError:
+            return None, time.time()
+        try:
+            holder = json.loads(text)
+        except json.JSONDecodeError:
+            return None, mtime
+        return (holder if isinstance(holder, dict) else None), mtime
+
+    def stale_reason(self, holder: dict | None, mtime: float) -> str | None:
+        """Why a lock file with this content is stale, or None if its holder must be presumed live."""
+        now = time.time()
+        if holder is None:
+            age = now - mtime
+            return f"the lock file is empty or unreadable and {age:.0f}s old" if age > UNREADABLE_GRACE_S else None
+        beat = holder.get("heartbeat")
+        beat = float(beat) if isinstance(beat, (int, float)) else mtime  # older lock files: their mtime
+        if holder.get("host") == socket.gethostname():
+            try:
+                pid = int(holder["pid"])
+            except (KeyError, TypeError, ValueError):
+                pid = None
+            if pid is not None:
+                started = _process_started(pid)
+                if started is None:
+                    return f"its process {pid} on this host is gone"
+                recorded = holder.get("pid_started")
+                if isinstance(recorded, (int, float)) and math.isfinite(started) and abs(started - recorded) > 1.0:
+                    return f"PID {pid} now belongs to another process (started at {started:.0f}, not {recorded:.0f})"
+                return None  # a live local process: trusted even if its heartbeat is late (e.g. suspended)
+        if now - beat > self.stale_after_s:
+            return f"no heartbeat for {now - beat:.0f}s (> {self.stale_after_s:.0f}s)"
+        return None
+
+    def _lease(self, started: float) -> dict:
+        return {"host": self._host, "pid": os.getpid(), "pid_started": _process_started(os.getpid()),
+                "started": started, "heartbeat": time.time(), "token": self._token}
 
     def try_acquire(self) -> bool:
-        """Take the lock if free (or stale); False if another live process holds it."""
+        """Take the lock if free (or stale, with a message); False if a live holder has it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
+        with self._guard():
+            holder, mtime = self._read()
+            if mtime is not None:
+                reason = self.stale_reason(holder, mtime)
+                if reason is None:
+                    return False
+                log.warning("taking over stale lock %s (%s): %s", self.path, self._describe(holder), reason)
+                self.path.unlink(missing_ok=True)
+            self._token, self._host = uuid.uuid4().hex, socket.gethostname()
+            now = time.time()
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                if self._stale(self._holder()):
-                    self.path.unlink(missing_ok=True)
-                    continue
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            except FileExistsError:  # a process that does not use the guard got there first
                 return False
-            with os.fdopen(fd, "w") as f:
-                json.dump({"host": socket.gethostname(), "pid": os.getpid()}, f)
-            self.held = True
-            return True
-        return False
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(self._lease(now), f)
+            except BaseException:
+                self.path.unlink(missing_ok=True)
+                raise
+            self._started = now
+        self.held, self.lost = True, False
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._heartbeat, name=f"lease {self.path.name}", daemon=True)
+        self._thread.start()
+        return True
 
-    def acquire(self, poll_s: float = 0.5) -> None:
-        """Wait until the lock is ours."""
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                with self._guard():
+                    holder, _ = self._read()
+                    if not holder or holder.get("token") != self._token:
+                        self.lost = True
+                        log.warning("lost the lock %s (now %s): another process took it over",
+                                    self.path, self._describe(holder))
+                        return
+                    atomic_write_json(self.path, self._lease(self._started))
+            except Exception as e:  # noqa: BLE001 - a missed beat is retried; the lease lasts stale_after_s
+                log.warning("could not renew the lock %s: %s", self.path, e)
+
+    def acquire(self, poll_s: float = 0.5, message_every_s: float = 30.0) -> None:
+        """Wait until the lock is ours, saying who holds it while waiting."""
+        last = None
         while not self.try_acquire():
+            now = time.monotonic()
+            if last is None or now - last >= message_every_s:
+                log.warning("waiting for %s", self.describe_holder())
+                last = now
             time.sleep(poll_s)
 
+    def wait_released(self, poll_s: float = 0.5, message_every_s: float = 30.0) -> None:
+        """Wait (saying so) until nobody live holds the lock; does not take it."""
+        last = None
+        while True:
+            holder, mtime = self._read()
+            if mtime is None or self.stale_reason(holder, mtime) is not None:
+                return
+            now = time.monotonic()
+            if last is None or now - last >= message_every_s:
+                log.warning("waiting for %s", self.describe_holder())
+                last = now
+            time.sleep(poll_s)
+
+    def is_held_elsewhere(self) -> bool:
+        """True when a live holder other than this object has the lock."""
+        holder, mtime = self._read()
+        if mtime is None or self.stale_reason(holder, mtime) is not None:
+            return False
+        return not (self.held and holder is not None and holder.get("token") == self._token)
+
+    def _describe(self, holder: dict | None) -> str:
+        if not holder:
+            return "holder unknown"
+        text = f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}"
+        beat = holder.get("heartbeat")
+        if isinstance(beat, (int, float)):
+            text += f", last heartbeat {time.time() - beat:.0f}s ago"
+        return text
+
     def describe_holder(self) -> str:
-        holder = self._holder() or {}
-        return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')} (lock file {self.path})"
+        holder, _ = self._read()
+        return (f"{self._describe(holder)} (lock file {self.path}; taken over if that process dies or "
+                f"stops its heartbeat for {self.stale_after_s:.0f}s)")
 
     def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+        if not self.held:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.held = False
+        with self._guard():
+            holder, _ = self._read()
+            if holder and holder.get("token") == self._token:  # never remove a lock another took over
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> FileLock:
         self.acquire()
@@ -204,11 +431,51 @@ class ResultsStore:
     def ref_path(self, ref_id: str) -> Path:
         return self.refs_dir / f"{ref_id}.pt"
 
+    @property
+    def guard_path(self) -> Path:
+        """One OS lock file for the whole store, serialising lease checks (a few ms each)."""
+        return self.root / ".locks.guard"
+
     def run_lock(self, run_id: str) -> FileLock:
-        return FileLock(self.run_dir(run_id) / ".lock")
+        return FileLock(self.run_dir(run_id) / ".lock", guard=self.guard_path)
 
     def ref_lock(self, ref_id: str) -> FileLock:
-        return FileLock(self.refs_dir / f".{ref_id}.lock")
+        return FileLock(self.refs_dir / f".{ref_id}.lock", guard=self.guard_path)
+
+    def tmp_dir(self, run_id: str) -> Path:
+        """Where a run's files are encoded before being moved into place (outside videos/)."""
+        return self.run_dir(run_id) / TMP_DIR
+
+    def clean_run_tmp(self, run_id: str) -> list[Path]:
+        """Remove what killed writers of this run left behind; call it holding the run's lock."""
+        removed = remove_tmp_files(self.run_dir(run_id), keep=lambda p: p.name.startswith(".lock."))
+        with contextlib.suppress(OSError):
+            self.tmp_dir(run_id).rmdir()  # only when empty
+        if removed:
+            log.info("removed %d temporary file(s) left by an interrupted run %s", len(removed), run_id)
+        return removed
+
+    def clean_ref_tmp(self, ref_id: str) -> None:
+        """Remove half-written copies of one reference; call it holding the reference's lock."""
+        for path in self.refs_dir.glob(f".{ref_id}.pt.*.tmp"):
+            path.unlink(missing_ok=True)
+
+    def wandb_marker_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / WANDB_MARKER
+
+    def error_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / ERROR_FILE
+
+    def check_writable(self, run_id: str) -> None:
+        """Fail in one line, before any work, when the run's folder cannot be written."""
+        folder = self.run_dir(run_id)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise ResultsWriteError(describe_write_error(e, self.root)) from None
 
     def iter_records(self) -> Iterator[dict]:
         """Every finished run's record, in run-id order."""
@@ -228,7 +495,32 @@ def record_row(record: Mapping[str, Any]) -> dict:
     row["vbench_dimensions_used"] = ",".join(record.get("vbench_dimensions_used", []))
     row["num_prompts"] = len(record.get("per_prompt", []))
     row["created_at"] = record.get("created_at")
+    row.update(comparison_columns(record.get("identity")))
     return row
+
+
+COMPARED = ("correction", "strength")   # what a Table 1 cell compares: everything else must be equal
+QUANTIZER = ("key", "value")            # what distinguishes the rows of one table
+
+
+def comparison_columns(identity: Mapping[str, Any] | None) -> dict:
+    """Columns that say which runs may be compared: ``context`` (model and sampler settings, weights,
+    prompts, seeds, cache layout, evaluators: equal for every run of one table or figure), ``setting``
+    (the context plus the quantizer: equal for the two runs of one "none -> correction" cell), and a
+    readable ``context_desc``."""
+    if not identity:
+        return {"context": "unknown", "setting": "unknown", "context_desc": "record without identity"}
+    context = {k: v for k, v in identity.items() if k not in (*COMPARED, *QUANTIZER, "metrics")}
+    context["full_precision_dtype"] = (identity.get("key") or {}).get("store_dtype")
+    setting = {k: v for k, v in identity.items() if k not in (*COMPARED, "metrics")}
+    model = identity.get("model") or {}
+    sampler = {k: model[k] for k in ("steps", "num_chunks", "frames_per_chunk", "shift", "guidance_scale", "sampler")
+               if model.get(k) is not None}
+    prompts = identity.get("prompts") or []
+    desc = (f"{len(prompts)} prompt(s) {config_hash(prompts, 6)}, seeds {identity.get('seeds')}, model "
+            f"{model.get('name') or model.get('kind')} on {model.get('device')}"
+            + (f" {sampler}" if sampler else "") + (f", weights {identity['weights']}" if identity.get("weights") else ""))
+    return {"context": config_hash(context), "setting": config_hash(setting), "context_desc": desc}
 
 
 def load_results(root: str | os.PathLike = "results") -> pd.DataFrame:
@@ -272,8 +564,13 @@ class WandbRun:
     Offline runs land in ``<dir>/wandb/offline-run-*``; upload them later with ``wandb sync``.
     """
 
+    @staticmethod
+    def offline_runs(logger_cfg: Mapping[str, Any], wandb_id: str) -> list[Path]:
+        """The offline run folders written for ``wandb_id`` (an interrupted one is removed before redoing it)."""
+        return sorted((Path(logger_cfg.get("dir") or "wandb") / "wandb").glob(f"offline-run-*-{wandb_id}"))
+
     def __init__(self, logger_cfg: Mapping[str, Any], run_id: str, name: str, group: str,
-                 config: Mapping[str, Any]):
+                 config: Mapping[str, Any], wandb_id: str | None = None):
         import wandb
 
         self.mode = resolve_wandb_mode(logger_cfg.get("mode", "offline"))
@@ -288,7 +585,9 @@ class WandbRun:
             entity=logger_cfg.get("entity"),
             dir=str(directory),
             mode=self.mode,
-            name=name,  # W&B picks the run id: a run redone after a crash is a new W&B run; run_id is in config
+            name=name,
+            id=wandb_id,  # one W&B id per record: a log interrupted by a kill is redone under the same id
+            resume="allow" if wandb_id and self.mode == "online" else None,
             group=group,
             tags=list(logger_cfg.get("tags") or []),
             config={**dict(config), "run_id": run_id},

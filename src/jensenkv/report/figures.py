@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from jensenkv.eval.attention import mass_by_layer_step
+from jensenkv.report.selection import Selection, comparable, latest
 
 CORRECTION_STYLE = {"none": ("tab:red", "o", "no correction"), "taylor": ("tab:blue", "s", "Taylor correction"),
                     "exact": ("tab:green", "^", "exact correction")}
@@ -137,20 +138,22 @@ def plot_jensen_bias(alpha_max: float = 3.0, alpha_demo: float = 1.5) -> Figure:
     return fig
 
 
-def _pick(runs: pd.DataFrame, **conditions: object) -> pd.DataFrame:
-    mask = pd.Series(True, index=runs.index)
-    for col, value in conditions.items():
+def rtn_runs(runs: pd.DataFrame, model: str | None = None) -> Selection:
+    """The RTN runs the figures show (token groups, values like keys, full cache, strength 1, corrections
+    none / taylor / exact), all of one context (``jensenkv.report.selection``); others are left out."""
+    need = ("model", "quantizer", "granularity", "values", "sink_chunks", "window_chunks", "strength", "correction")
+    if runs.empty or any(col not in runs.columns for col in need[:4]):
+        return Selection(runs.iloc[0:0])
+    runs = runs.copy()
+    for col in need:
         if col not in runs.columns:
-            return runs.iloc[0:0]
-        mask &= runs[col] == value
-    return runs[mask]
-
-
-def _best(runs: pd.DataFrame) -> pd.Series | None:
-    """The run with the most prompts (latest on ties)."""
-    if runs.empty:
-        return None
-    return runs.sort_values(["num_prompts", "created_at"]).iloc[-1]
+            runs[col] = None
+    mask = (runs["quantizer"] == "rtn") & (runs["granularity"] == "token_group") & (runs["values"] == "same") & \
+        (runs["sink_chunks"].fillna(0) == 0) & runs["window_chunks"].isna() & (runs["strength"].fillna(1.0) == 1.0) & \
+        runs["correction"].isin(list(CORRECTION_STYLE))
+    if model is not None:
+        mask &= runs["model"] == model
+    return comparable(runs[mask])
 
 
 def write_figures(results_dir: str | Path = "results", out_dir: str | Path | None = None,
@@ -174,29 +177,48 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
     if runs.empty:
         written["tradeoff"] = written["attention_mass"] = f"skipped: no runs under {results_dir}"
         return written
+    selection = rtn_runs(runs, model or runs["model"].iloc[0])
     model = model or runs["model"].iloc[0]
-    rtn = _pick(runs, model=model, quantizer="rtn", granularity="token_group", values="same", sink_chunks=0)
-    rtn = rtn[rtn["window_chunks"].isna()] if "window_chunks" in rtn.columns else rtn
-    if "strength" in rtn.columns:
-        rtn = rtn[rtn["strength"].fillna(1.0) == 1.0]
-    tradeoff = rtn[rtn["correction"].isin(["none", "taylor"])]
+    rtn = selection.runs
+    if selection.left_out:
+        written["left_out"] = "; ".join(selection.left_out)
+    tradeoff = latest(rtn[rtn["correction"].isin(["none", "taylor"])], ("bits", "group_size", "correction"))
     if tradeoff.empty or "psnr" not in tradeoff.columns:
         written["tradeoff"] = "skipped: no RTN runs with PSNR (run experiment=tradeoff)"
     else:
-        best = tradeoff.sort_values(["num_prompts", "created_at"]).groupby(["bits", "group_size", "correction"]).tail(1)
-        save("tradeoff", plot_tradeoff(best, "psnr", f"{model}: memory-quality trade-off (RTN)"))
+        save("tradeoff", plot_tradeoff(tradeoff, "psnr", f"{model}: memory-quality trade-off (RTN)"))
     frames = {}
-    for correction in ("none", "taylor", "exact"):
-        row = _best(_pick(rtn, bits=bits, group_size=group_size, correction=correction))
-        if row is None:
-            continue
+    at_bits = rtn[(rtn["bits"] == bits) & (rtn["group_size"] == group_size)] if not rtn.empty else rtn
+    for _, row in latest(at_bits, ("correction",)).iterrows() if not at_bits.empty else []:
         try:
-            frames[f"INT{bits} RTN" + ("" if correction == "none" else f" + {correction}")] = \
-                load_attention(results_dir, row["run_id"])
+            label = f"INT{bits} RTN" + ("" if row["correction"] == "none" else f" + {row['correction']}")
+            frames[label] = load_attention(results_dir, row["run_id"])
         except FileNotFoundError:
             continue
+    order = {f"INT{bits} RTN" + ("" if c == "none" else f" + {c}"): i for i, c in enumerate(CORRECTION_STYLE)}
+    frames = dict(sorted(frames.items(), key=lambda item: order.get(item[0], 99)))
     if frames:
         save("attention_mass", plot_attention_mass(frames))
     else:
         written["attention_mass"] = f"skipped: no INT{bits} g{group_size} RTN run with attention probes"
     return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m jensenkv.report.figures [--results results] [--out results/figures]`` (``make figures``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="figures from the results store")
+    parser.add_argument("--results", default="results", help="results directory with runs/ (default: results)")
+    parser.add_argument("--out", default=None, help="where the PNGs go (default: <results>/figures)")
+    args = parser.parse_args(argv)
+    try:
+        written = write_figures(args.results, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    for name, where in written.items():
+        print(f"{name}: {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,15 @@
 """Executes one RunSpec: BF16 references (shared, generated once), the quantized videos, metrics, the run
-record (written last, atomically) and W&B. Resumable per prompt; a finished run is a no-op."""
+record (written atomically) and W&B (marked done in ``wandb.json`` once logged). Resumable per prompt; a
+finished run is a no-op, except that a W&B log lost to a kill is redone."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,86 @@ from typing import Any
 from jensenkv.run.spec import RunSpec
 
 log = logging.getLogger("jensenkv.run")
+MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
+
+
+class NonFiniteVideoError(ValueError):
+    """A generated video holds NaN or inf (e.g. broken weights): never scored, never recorded."""
+
+
+class WeightsFileError(ValueError):
+    """A weights file exists but cannot be read (truncated, garbled, empty)."""
+
+
+def available_cores() -> int:
+    """CPU cores this process may use: its affinity (SLURM's cpus_per_task, taskset) and cgroup quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def parallel_jobs() -> int:
+    """How many jobs of this sweep run at once on this machine (joblib launcher's n_jobs; 1 otherwise)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return 1
+        launcher = HydraConfig.get().launcher
+        if "joblib" not in str(launcher.get("_target_", "")).lower():
+            return 1
+        n_jobs = int(launcher.get("n_jobs") or 1)
+    except Exception:  # noqa: BLE001 - no Hydra context (notebooks, tests): one job
+        return 1
+    return available_cores() if n_jobs < 0 else max(1, n_jobs)
+
+
+def default_threads(model: Any = None) -> int | None:
+    """torch threads when ``threads`` is null: None (leave torch alone) if OMP_NUM_THREADS is set; 1 for the
+    built-in model, whose ops are too small to split (README run on 2 shared cores: 128 s with torch's
+    default of 2 threads, 38 s with 1); else the cores shared out between parallel local jobs, at most
+    MAX_DEFAULT_THREADS (torch's default gives every job every core and oversubscribes)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    if getattr(model, "kind", None) == "tiny" or (isinstance(model, dict) and model.get("kind") == "tiny"):
+        return 1
+    return max(1, min(MAX_DEFAULT_THREADS, available_cores() // parallel_jobs()))
+
+
+@contextlib.contextmanager
+def run_environment(spec: RunSpec) -> Iterator[None]:
+    """Library caches and logs of a run under the results directory (W&B's cache and config, matplotlib's
+    config), unless the user set them; restored afterwards."""
+    wandb_dir = Path(spec.logger.dir or Path(spec.results_dir) / "wandb")
+    wanted = {"WANDB_DIR": wandb_dir, "WANDB_CACHE_DIR": wandb_dir / ".cache",
+              "WANDB_CONFIG_DIR": wandb_dir / ".config", "WANDB_DATA_DIR": wandb_dir / ".data",
+              "MPLCONFIGDIR": Path(spec.results_dir) / ".cache" / "matplotlib"}
+    saved = {k: os.environ.get(k) for k in wanted}
+    for key, value in wanted.items():
+        if saved[key] is None:
+            os.environ[key] = str(Path(value).absolute())
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+
+
+def check_finite(video: Any, what: str) -> None:
+    """Raise NonFiniteVideoError when a (F, C, H, W) float video holds NaN or inf."""
+    import torch
+
+    bad = int((~torch.isfinite(video)).sum())
+    if bad:
+        raise NonFiniteVideoError(f"the generated video for {what} has {bad} non-finite values (NaN/inf) of "
+                                  f"{video.numel()}: the model's weights or settings are broken; nothing was scored "
+                                  "or recorded")
 
 
 def _to_uint8(video: Any) -> Any:
@@ -22,10 +106,9 @@ def _to_uint8(video: Any) -> Any:
     return (video.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
-def save_mp4(video_u8: Any, path: Path, fps: int) -> Path:
-    """(F, C, H, W) uint8 -> H.264 mp4, encoded to a temp file and moved into place (os.replace)."""
-    import os
-
+def save_mp4(video_u8: Any, path: Path, fps: int, tmp_dir: Path | None = None) -> Path:
+    """(F, C, H, W) uint8 -> H.264 mp4, encoded to a temp file in ``tmp_dir`` (default: next to ``path``; a
+    run uses its .tmp/ folder, outside videos/, which VBench scores whole) and moved into place (os.replace)."""
     import imageio.v2 as imageio
 
     frames = video_u8.permute(0, 2, 3, 1).contiguous().numpy()  # (F, H, W, C)
@@ -33,7 +116,9 @@ def save_mp4(video_u8: Any, path: Path, fps: int) -> Path:
         frames = frames.repeat(3, axis=-1)
     even = frames.shape[1] % 2 == 0 and frames.shape[2] % 2 == 0  # yuv420p needs even sides
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.mp4")
+    tmp_dir = path.parent if tmp_dir is None else Path(tmp_dir)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir / f".{path.stem}.{os.getpid()}.tmp.mp4"
     try:
         imageio.mimwrite(tmp, list(frames), fps=fps, codec="libx264", quality=9, macro_block_size=1,
                          ffmpeg_log_level="error", pixelformat="yuv420p" if even else "yuv444p")
@@ -60,10 +145,18 @@ class Runner:
     @property
     def adapter(self):
         if self._adapter is None:
+            from safetensors import SafetensorError
+
             from jensenkv.models import build_adapter
 
-            self._adapter = build_adapter(self.spec.model, cache=self.spec.reference_cache_config(),
-                                          generation=self.spec.generation)
+            try:
+                self._adapter = build_adapter(self.spec.model, cache=self.spec.reference_cache_config(),
+                                              generation=self.spec.generation)
+            except SafetensorError as e:
+                where = self.spec.model.weights_dir or self.spec.model.path or "the packaged weights"
+                raise WeightsFileError(f"the weights of model {self.spec.model.name!r} ({where}) cannot be read, "
+                                       f"the file is truncated, garbled or empty ({e}); restore or re-download it "
+                                       "(`make fetch-weights`, `make train-tiny`)") from None
         return self._adapter
 
     def reference(self, prompt: str, seed: int) -> tuple[str, Any]:
@@ -78,9 +171,11 @@ class Runner:
         path = self.store.ref_path(ref_id)
         if not path.exists():
             with self.store.ref_lock(ref_id):  # a parallel job making the same reference: wait, then reuse it
+                self.store.clean_ref_tmp(ref_id)
                 if not path.exists():
                     self.adapter.configure(cache=self.spec.reference_cache_config(), attention=AttentionConfig(backend=self.spec.attention.backend))
                     result = generate_video(self.adapter, prompt, seed)
+                    check_finite(result.video, f"the BF16 reference of {prompt!r} seed {seed}")  # (F, C, H, W)
                     payload = {"video": _to_uint8(result.video), "timings": result.timings,
                                "identity": json.dumps(self.spec.reference_identity(prompt, seed), sort_keys=True,
                                                       default=str)}
@@ -94,6 +189,7 @@ class Runner:
         attention = self.spec.attention  # probes on iff eval.metrics has "attention"
         self.adapter.configure(cache=self.spec.cache_config(keep_reference=attention.probes), attention=attention)
         result = generate_video(self.adapter, prompt, seed)
+        check_finite(result.video, f"{prompt!r} seed {seed}")  # (F, C, H, W)
         caches = self.adapter.caches("cond")
         stats = {"cache_bytes": sum(c.nbytes for c in caches), "cache_bf16_bytes": sum(c.bf16_nbytes for c in caches)}
         return _to_uint8(result.video), result.probes, result.timings, stats
@@ -163,43 +259,90 @@ class Runner:
             self.score_content(prompt, video, metrics, missing)
         video_file = None
         if spec.save_videos or "vbench" in spec.metrics:
-            video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.fps).name
+            video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.fps,
+                                  tmp_dir=self.store.tmp_dir(self.run_id)).name
         result = {"index": index, "prompt": prompt, "seed": seed, "reference_id": ref_id, "video": video_file,
                   "metrics": metrics, "missing": missing, "timings": timings, **stats}
         atomic_write_json(path, result)
         return result
 
     def run(self) -> dict | None:
-        """Run (or skip, when finished) and return the record; None if another live process is running it."""
-        import torch
-        from tqdm.auto import tqdm
+        """Run (or skip, when finished) and return the record; None if another live process is running it.
+
+        Problems a user can fix (results not writable or disk full, unreadable weights, a non-finite video)
+        raise ValueError subclasses with one line; the failure is kept in the run's error.json (sweep
+        summaries report it) and removed by the next success.
+        """
+        with run_environment(self.spec):
+            return self._run()
+
+    def _run(self) -> dict | None:
+        from jensenkv.tracking import WRITE_ERRNOS, ResultsWriteError, describe_write_error
 
         if self.store.has_record(self.run_id):
             log.info("run %s already finished: nothing to do (%s)", self.run_id, self.store.record_path(self.run_id))
-            return self.store.read_record(self.run_id)
+            record = self.store.read_record(self.run_id)
+            if self.wandb_pending():  # killed between its record and its W&B log: log it now
+                self.log_pending_wandb(record)
+            return record
+        self.store.check_writable(self.run_id)
         lock = self.store.run_lock(self.run_id)
         if not lock.try_acquire():  # e.g. bf16 x {none, taylor} in one parallel sweep: the same run twice
             log.info("run %s is in progress elsewhere (%s): skipping it here", self.run_id, lock.describe_holder())
             return None
         try:
             if self.store.has_record(self.run_id):  # finished while we waited for the lock
-                return self.store.read_record(self.run_id)
-            if self.spec.threads:
-                torch.set_num_threads(self.spec.threads)
-            start = time.perf_counter()
-            jobs = [(p, s) for p in self.spec.prompts for s in self.spec.seeds]
-            results = []
-            for index, (prompt, seed) in enumerate(tqdm(jobs, desc=f"run {self.run_id} ({self.spec.key.label})",
-                                                        unit="video", leave=False)):
-                results.append(self.prompt_result(index, prompt, seed))
-            self.store.write_record(self.assemble(results, time.perf_counter() - start))
+                record = self.store.read_record(self.run_id)
+            else:
+                record = self.execute()
+            if self.wandb_pending():
+                self.log_wandb(record)
+        except OSError as e:
+            if e.errno not in WRITE_ERRNOS:
+                self.note_failure(e)
+                raise
+            error = ResultsWriteError(describe_write_error(e, self.store.root))
+            self.note_failure(error)
+            raise error from None
+        except Exception as e:
+            self.note_failure(e)
+            raise
         finally:
             lock.release()
-        record = self.store.read_record(self.run_id)  # exactly what a later rerun returns
         log.info("run %s done: %s", self.run_id, {k: v for k, v in record["metrics"].items()
                                                    if k in ("psnr", "ssim", "lpips", "vbench", "delta_p_s_mean")})
-        self.log_wandb(record)
         return record
+
+    def execute(self) -> dict:
+        """Generate and score every prompt (resuming), write the record; call it holding the run's lock."""
+        import torch
+        from tqdm.auto import tqdm
+
+        self.store.clean_run_tmp(self.run_id)
+        threads = self.spec.threads or default_threads(self.spec.model)
+        if threads:
+            torch.set_num_threads(threads)
+        start = time.perf_counter()
+        jobs = [(p, s) for p in self.spec.prompts for s in self.spec.seeds]
+        results = []
+        for index, (prompt, seed) in enumerate(tqdm(jobs, desc=f"run {self.run_id} ({self.spec.key.label})",
+                                                    unit="video", leave=False)):
+            results.append(self.prompt_result(index, prompt, seed))
+        self.store.write_record(self.assemble(results, time.perf_counter() - start))
+        self.store.error_path(self.run_id).unlink(missing_ok=True)
+        self.store.clean_run_tmp(self.run_id)
+        return self.store.read_record(self.run_id)  # exactly what a later rerun returns
+
+    def note_failure(self, error: BaseException) -> None:
+        """Keep the failure next to the run (best effort: the disk may be what failed)."""
+        from jensenkv.tracking import atomic_write_json, portable
+
+        try:
+            atomic_write_json(self.store.error_path(self.run_id),
+                              {"error": type(error).__name__, "message": portable(str(error)),
+                               "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        except OSError:
+            pass
 
     def assemble(self, results: list[dict], seconds: float) -> dict:
         """Aggregate per-prompt results (+ VBench over the run's videos) into the run record."""
@@ -254,15 +397,19 @@ class Runner:
             metrics["effective_bits"] = 16.0 * sum(bytes_) / sum(bf16)
         elif spec.is_reference:
             metrics["effective_bits"] = 16.0 if spec.full_precision_dtype != "float32" else 32.0
+        from jensenkv.tracking import portable_json
+
+        for r in results:  # reasons name files: no machine paths in records
+            r["missing"] = portable_json(r["missing"])
         return {
             "run_id": self.run_id,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "computed_from": self.provenance(used),
+            "computed_from": portable_json(self.provenance(used)),
             "experiment_name": spec.experiment_name,
             "identity": spec.identity(),
             "labels": spec.labels(),
             "metrics": metrics,
-            "missing": missing,
+            "missing": portable_json(missing),
             "vbench_dimensions_used": used,
             "per_prompt": results,
             "seconds": seconds,
@@ -287,19 +434,55 @@ class Runner:
                              "aggregate": "mean x100 over dimensions_used"}
         return out
 
+    def wandb_pending(self) -> bool:
+        """True when W&B is on and this run's record has not been logged to it yet."""
+        from jensenkv.tracking import resolve_wandb_mode
+
+        return resolve_wandb_mode(self.spec.logger.mode) != "disabled" and \
+            not self.store.wandb_marker_path(self.run_id).exists()
+
+    def log_pending_wandb(self, record: dict) -> None:
+        """Log a finished run's record to W&B, holding the run's lock (a parallel rerun logs it once)."""
+        lock = self.store.run_lock(self.run_id)
+        try:
+            acquired = lock.try_acquire()
+        except OSError as e:  # e.g. finished results on a read-only disk: the record stands
+            log.warning("run %s is not logged to W&B yet and its folder cannot be written (%s); rerun where it can",
+                        self.run_id, e)
+            return
+        if not acquired:
+            log.info("run %s: its W&B log is being written elsewhere (%s)", self.run_id, lock.describe_holder())
+            return
+        try:
+            if self.wandb_pending():
+                self.log_wandb(record)
+        finally:
+            lock.release()
+
     def log_wandb(self, record: dict) -> None:
-        """Config, metrics, one sample video and the attention plot; a W&B failure never loses the record."""
-        from jensenkv.tracking import WandbRun
+        """Config, metrics, one sample video and the attention plot, then the marker ``wandb.json``.
+
+        The W&B id is derived from the record, so a log cut short by a kill is redone under the same id (the
+        partial offline folder is replaced). A W&B failure never loses the record: it is retried next time.
+        """
+        import shutil
+
+        from jensenkv.tracking import WandbRun, atomic_write_json, config_hash
 
         labels = record["labels"]
         name = f"{labels['model']}/{labels['quantizer']}"
         if labels["method"] != "none":
             name += f"-int{labels['bits']}-g{labels['group_size']}-{labels['correction']}"
+        wandb_id = f"{self.run_id}-{config_hash(record.get('created_at'), 6)}"
+        logger = dataclasses.asdict(self.spec.logger)
+        for partial in WandbRun.offline_runs(logger, wandb_id):  # no marker: an interrupted log
+            shutil.rmtree(partial, ignore_errors=True)
         try:
-            wb = WandbRun(dataclasses.asdict(self.spec.logger), self.run_id, name, self.spec.experiment_name,
-                          {**record["identity"], **labels, "run_id": self.run_id})
+            wb = WandbRun(logger, self.run_id, name, self.spec.experiment_name,
+                          {**record["identity"], **labels, "run_id": self.run_id}, wandb_id=wandb_id)
         except Exception as e:  # noqa: BLE001
-            log.warning("W&B logging skipped (%s: %s); the local record is written", type(e).__name__, e)
+            log.warning("W&B logging skipped (%s: %s); the local record is written, a rerun logs it",
+                        type(e).__name__, e)
             return
         try:
             wb.log_metrics(record["metrics"])
@@ -319,8 +502,15 @@ class Runner:
                 fig = plot_attention_mass({name: pd.read_csv(csv)})
                 wb.log_figure("attention_mass", fig)
                 plt.close(fig)
-        finally:
-            wb.finish()
+        except Exception as e:  # noqa: BLE001
+            log.warning("W&B logging failed (%s: %s); the local record is written, a rerun logs it",
+                        type(e).__name__, e)
+            wb.finish(exit_code=1)
+            return
+        wb.finish()
+        atomic_write_json(self.store.wandb_marker_path(self.run_id),
+                          {"wandb_id": wandb_id, "mode": wb.mode, "project": self.spec.logger.project,
+                           "logged_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
 
 def _versions() -> dict:

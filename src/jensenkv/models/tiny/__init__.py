@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -51,10 +52,19 @@ def load_tiny(weights_dir: str | Path | None = None, device: str = "cpu"):
             raise FileNotFoundError(
                 f"tiny model file {weights_dir / name} is missing; run `make train-tiny` to train it"
             )
-    config = json.loads((weights_dir / CONFIG_FILE).read_text())
+    try:
+        config = json.loads((weights_dir / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"tiny model config {weights_dir / CONFIG_FILE} is not valid JSON ({e}); restore it "
+                         "or run `make train-tiny`") from None
     transformer = build_transformer(config["transformer"])
     tokenizer, text_encoder = build_text(TextConfig.from_dict(config["text"]))
-    transformer_state, text_state = split_state(load_file(str(weights_dir / WEIGHTS_FILE)))
+    try:
+        state = load_file(str(weights_dir / WEIGHTS_FILE))
+    except SafetensorError as e:  # truncated, garbled or empty: name the file, not a traceback
+        raise ValueError(f"tiny model weights {weights_dir / WEIGHTS_FILE} cannot be read, the file is truncated, "
+                         f"garbled or empty ({e}); restore it or run `make train-tiny`") from None
+    transformer_state, text_state = split_state(state)
     transformer.load_state_dict(transformer_state)
     text_encoder.load_state_dict(text_state)
     transformer.to(device).eval()
