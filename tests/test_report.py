@@ -187,3 +187,33 @@ def test_each_model_is_compared_within_its_own_context():
     selection = comparable(pd.DataFrame(rows))
     assert set(selection.runs["run_id"]) == {"tiny-none-8", "tiny-taylor-8", "skyreels-none-4", "skyreels-taylor-4"}
     assert len(selection.left_out) == 1 and "tiny-taylor-1" in selection.left_out[0]
+
+
+@pytest.fixture(scope="module")
+def three_prompts(tmp_path_factory, tiny_weights):
+    results = tmp_path_factory.mktemp("ci") / "results"
+    runs = [run_overrides(fast_overrides(results, tiny_weights, *INT2, f"correction={c}", "eval.num_prompts=3",
+                                         "eval.seeds=[0,1]", "eval.metrics=[psnr,ssim,content]"))
+            for c in ("none", "taylor")]
+    return results, runs
+
+
+def test_intervals_and_paired_differences_come_from_the_per_video_values(three_prompts):
+    from jensenkv.report.intervals import add_intervals, video_metrics
+
+    results, (none, taylor) = three_prompts
+    table = pd.DataFrame([{"run_id": r["run_id"], "correction": r["labels"]["correction"], "model": "tiny",
+                           "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none",
+                           "psnr": r["metrics"]["psnr"]} for r in (none, taylor)])
+    out = add_intervals(table, video_metrics(results, table["run_id"]), "taylor").set_index("correction")
+    assert (out["num_videos"] == 6).all()
+    per_video = {r["labels"]["correction"]: {(v["prompt"], v["seed"]): v["metrics"]["psnr"] for v in r["per_prompt"]}
+                 for r in (none, taylor)}
+    differences = [per_video["taylor"][k] - per_video["none"][k] for k in per_video["none"]]
+    assert out.loc["taylor", "delta_psnr"] == pytest.approx(sum(differences) / len(differences))
+    assert out.loc["taylor", "delta_psnr_ci95_low"] <= out.loc["taylor", "delta_psnr"] <= \
+        out.loc["taylor", "delta_psnr_ci95_high"]
+    assert 0 < out.loc["taylor", "p_psnr"] <= 1 and math.isnan(out.loc["none", "p_psnr"])
+    for c in ("none", "taylor"):  # the run's mean lies in its own interval
+        assert out.loc[c, "psnr_ci95_low"] <= out.loc[c, "psnr"] <= out.loc[c, "psnr_ci95_high"]
+    assert math.isnan(out.loc["taylor", "p_lpips"])  # not computed: unknown, never zero

@@ -25,6 +25,7 @@ import pandas as pd
 
 from dataclasses import dataclass, field
 
+from jensenkv.report.intervals import add_intervals, video_metrics
 from jensenkv.report.selection import Selection, comparable, pairs
 from jensenkv.tracking import atomic_write, load_results, portable
 
@@ -123,8 +124,21 @@ def paper_table(table: pd.DataFrame, correction: str = "taylor") -> pd.DataFrame
             a = _fmt(base.get(metric), metric) if base is not None else "n/a"
             b = _fmt(fixed.get(metric), metric) if fixed is not None else "n/a"
             row[header] = f"{a} -> {b}"
+        row[PAIRED_HEADER] = _paired(fixed) if quantizer != "bf16" else "-"
         rows.append(row)
-    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", *HEADERS.values()])
+    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", *HEADERS.values(), PAIRED_HEADER])
+
+
+PAIRED_HEADER = "dPSNR [95% CI], p"
+
+
+def _paired(fixed: pd.Series | None) -> str:
+    """The corrected run's paired PSNR difference to its uncorrected twin, with interval and p-value."""
+    if fixed is None or pd.isna(fixed.get("delta_psnr", math.nan)):
+        return "n/a"
+    low, high = fixed.get("delta_psnr_ci95_low"), fixed.get("delta_psnr_ci95_high")
+    interval = f" [{low:+.2f}, {high:+.2f}]" if pd.notna(low) and pd.notna(high) else ""
+    return f"{fixed['delta_psnr']:+.2f}{interval}, p={fixed['p_psnr']:.2g} (n={int(fixed['num_videos'])})"
 
 
 def missing_notes(table: pd.DataFrame) -> list[str]:
@@ -153,8 +167,9 @@ def _latex_escape(text: str) -> str:
 
 def to_latex(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             r"\begin{tabular}{lll" + "c" * len(HEADERS) + "}", r"\toprule",
-             " & ".join(["Model", "Quantizer", "Bits"] + [f"{HEADERS[m]} {LATEX_ARROWS[m]}" for m in HEADERS])
+             r"\begin{tabular}{lll" + "c" * (len(HEADERS) + 1) + "}", r"\toprule",
+             " & ".join(["Model", "Quantizer", "Bits"] + [f"{HEADERS[m]} {LATEX_ARROWS[m]}" for m in HEADERS]
+                        + [_latex_escape(PAIRED_HEADER)])
              + r" \\",
              r"\midrule"]
     for _, row in paper.iterrows():
@@ -236,6 +251,7 @@ def build_table1(results_dir: str | Path = "results", group_size: int = 32, corr
                                 "`python -m jensenkv.run -m experiment=table1` first")
     selection = choose_runs(runs, group_size, ("none", correction))
     table = long_table(selection.runs)
+    table = add_intervals(table, video_metrics(results_dir, table["run_id"]), correction)
     return Table1(table, paper_table(table, correction), missing_notes(table), selection, correction,
                   table1_gaps(table, correction))
 
