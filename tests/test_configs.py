@@ -10,7 +10,6 @@ from hydra import compose, initialize_config_dir
 
 from jensenkv.run import CONFIG_DIR, CONFIG_GROUPS, build_spec, check_group_overrides, group_options
 
-sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_testkit import write_random_tiny_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,6 @@ import torch
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
 from jensenkv.tracking import ResultsStore, ResultsWriteError, load_results
 
-sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_testkit import fast_overrides, write_random_tiny_weights  # noqa: E402
 
 SMALL = ("eval.metrics=[psnr,ssim,vbench]",)  # a VBench folder is scored: temporary videos must stay out of it

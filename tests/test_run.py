@@ -16,7 +16,6 @@ import jensenkv.run as run_module
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
 from jensenkv.tracking import ResultsStore, load_results
 
-sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_testkit import fast_overrides, write_random_tiny_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
