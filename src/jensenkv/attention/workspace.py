@@ -1,0 +1,94 @@
+"""One attention workspace per (device, dtype), shared by every layer, and dequantization into it.
+
+The cache holds only the stored form (packed codes, steps, zero points, centroids, full-precision
+sinks). An attention call dequantizes the visible chunks into views of this one flat buffer; the
+buffer grows to the largest request seen and is then reused, so its size is that of one layer's
+widest window, not one copy per layer or per chunk. ``release_workspace`` frees it.
+"""
+from __future__ import annotations
+
+import torch
+
+from jensenkv.quant.rtn import RTNTensor, zero_offset
+from jensenkv.quant.tensors import FullPrecisionTensor, QuantizedTensor
+
+_BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def workspace(numel: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A flat (numel,) view of the shared buffer for (device, dtype); contents are undefined.
+
+    Valid until the next call for the same (device, dtype): callers carve all their tensors from
+    one request and never keep them past the attention call.
+    """
+    key = (torch.device(device), dtype)
+    buffer = _BUFFERS.get(key)
+    if buffer is None or buffer.numel() < numel:
+        _BUFFERS.pop(key, None)  # free the smaller buffer before allocating the larger one
+        buffer = torch.empty(numel, device=device, dtype=dtype)
+        _BUFFERS[key] = buffer
+    return buffer[:numel]
+
+
+def workspace_nbytes() -> int:
+    """Bytes held by all workspaces (one buffer per device and dtype)."""
+    return sum(b.numel() * b.element_size() for b in _BUFFERS.values())
+
+
+def release_workspace() -> None:
+    """Free every workspace buffer (the next attention call allocates again)."""
+    _BUFFERS.clear()
+
+
+def carve(flat: torch.Tensor, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    """Consecutive contiguous tensors of the given shapes from the front of a flat buffer."""
+    out, start = [], 0
+    for shape in shapes:
+        n = 1
+        for s in shape:
+            n *= s
+        out.append(flat[start : start + n].view(shape))
+        start += n
+    return out
+
+
+def dequantize_into(stored: QuantizedTensor, out: torch.Tensor) -> None:
+    """Write ``stored.dequantize()`` (original basis) into ``out`` (B, H, S, D), which may be a strided view.
+
+    RTN without rotation is rebuilt group by group with broadcasting, so the only temporaries are the
+    unpacked uint8 codes and per-group statistics; other forms go through ``dequantize()``.
+    """
+    if isinstance(stored, FullPrecisionTensor):
+        out.copy_(stored.data)
+        return
+    if isinstance(stored, RTNTensor) and stored.rotation is None and stored.layout.granularity != "tensor":
+        _rtn_into(stored, out)
+        return
+    out.copy_(stored.dequantize())
+
+
+def _rtn_into(stored: RTNTensor, out: torch.Tensor) -> None:
+    """x = code * step - zero * step, broadcast over each group's elements, evaluated in float32 and rounded
+    once into ``out`` (no (B, H, S, D) float temporaries: only the unpacked uint8 codes)."""
+    codes = stored.codes()  # (B, H, S, D) uint8
+    step = stored.step.float()  # (b, h, S_groups, D_groups)
+    if stored.zero is None:
+        shift = step * -float(1 << (stored.bits - 1))
+    else:
+        shift = (stored.zero.float() + zero_offset(stored.zero.dtype, stored.bits)) * -step
+    layout = stored.layout
+    if layout.granularity == "channel":  # stats per (g tokens, channel): split the token axis
+        span, tokens = layout.token_span, layout.shape[2]
+        n = tokens // span
+        if n:
+            full = n * span
+            o = out[:, :, :full].unflatten(2, (n, span))  # (B, H, S_g, g, D)
+            c = codes[:, :, :full].unflatten(2, (n, span))
+            torch.addcmul(shift[:, :, :n, None], c, step[:, :, :n, None], out=o)
+        if n * span < tokens:  # the short last group
+            torch.addcmul(shift[:, :, -1:], codes[:, :, n * span :], step[:, :, -1:], out=out[:, :, n * span :])
+        return
+    # token / token_group: stats per token and channel group
+    span = layout.channel_span
+    o = out.unflatten(-1, (-1, span))  # (B, H, S, G, g)
+    torch.addcmul(shift[..., None], codes.unflatten(-1, (-1, span)), step[..., None], out=o)
