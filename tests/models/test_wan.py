@@ -235,7 +235,7 @@ def test_commits_must_come_in_order_and_settings_are_checked():
     with pytest.raises(ValueError, match="chunk_index=1"):
         adapter.commit(chunks(1, 0)[0], 1, "cond")
     with pytest.raises(ValueError, match="backend"):
-        make_adapter(attention=AttentionSettings(backend="triton"))
+        make_adapter(attention=AttentionSettings(backend="cuda_graphs"))
     with pytest.raises(ValueError, match="correction"):
         make_adapter(attention=AttentionSettings(correction="linear"))
     with pytest.raises(ValueError, match="group_size|head_dim"):

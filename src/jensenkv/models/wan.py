@@ -34,7 +34,7 @@ from jensenkv.generate import GenerationConfig, check_kv_range
 
 PROCESSOR_MODES = ("cached", "commit", "full")
 ATTENTION_BACKENDS = {"cached": "cached_attention", "reference": "reference_attention",
-                      "flex": "flex_cached_attention"}
+                      "flex": "flex_cached_attention", "triton": "triton_cached_attention"}
 CORRECTIONS = ("none", "taylor", "exact")
 BRANCHES = ("cond", "uncond")
 ROPE_HOOK_NAME = "jensenkv_rope_frame_offset"
@@ -50,7 +50,8 @@ class MissingWeightsError(FileNotFoundError):
 class AttentionSettings:
     """How the cached self-attention is computed.
 
-    backend: "cached" (fast CPU path), "reference" (the readable oracle) or "flex" (GPU FlexAttention).
+    backend: "cached" (fast CPU path), "reference" (the readable oracle), "flex" (GPU FlexAttention) or
+        "triton" (fused kernel over the packed cache; TRITON_INTERPRET=1 runs it on a CPU).
     correction: Jensen-bias correction of the cached scores, "none" | "taylor" | "exact"; strength scales it.
     probes: record ``attention_probes`` per layer and denoising step (small dicts, no maps);
         probe_layers restricts them to some layer indices.
