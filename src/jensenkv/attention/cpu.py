@@ -27,26 +27,63 @@ from jensenkv.attention._inputs import (
     segment_shape,
     validate_attention_inputs,
 )
-from jensenkv.attention.workspace import carve, dequantize_into, workspace
+from jensenkv.attention.workspace import (
+    batch_key,
+    carve,
+    dequantize_into,
+    dequantize_many_into,
+    workspace,
+)
 from jensenkv.correction import (
     SERIES_MAX_ARG,
-    GroupSteps,
-    bias_basis_query,
     exact_series_key_columns,
     exact_series_query_columns,
     group_bias,
     query_group_sq_norms,
     series_terms,
 )
+from jensenkv.quant.rtn import RTNTensor
 
 
-def write_segment(seg: SegmentLike, name: str, out: torch.Tensor) -> None:
-    """Dequantize a segment's "k" or "v" into ``out`` (B, H, K_i, D): from the stored form for cache views."""
-    stored = getattr(seg, f"stored_{name}", None)
-    if stored is not None:
-        dequantize_into(stored, out)
-    else:
-        out.copy_(getattr(seg, name))
+def write_segments(segments: Sequence[SegmentLike], name: str, out: torch.Tensor) -> None:
+    """Dequantize the segments' "k" or "v", in order, into ``out`` (B, H, sum K_i, D): cache views from their
+    stored form, consecutive chunks of one RTN layout in one pass (``workspace.dequantize_many_into``)."""
+    start, run, run_start, run_key = 0, [], 0, None
+
+    def flush() -> None:
+        if run:
+            dequantize_many_into(run, out[:, :, run_start:start])
+
+    for seg in segments:
+        n = segment_shape(seg, name)[2]
+        stored = getattr(seg, f"stored_{name}", None)
+        key = None if stored is None else batch_key(stored)
+        if key is None or key != run_key:
+            flush()
+            run, run_start, run_key = [], start, key
+        if key is not None:
+            run.append(stored)
+        elif stored is not None:
+            dequantize_into(stored, out[:, :, start : start + n])
+        else:
+            out[:, :, start : start + n] = getattr(seg, name)
+        start += n
+    flush()
+
+
+def token_steps(seg: SegmentLike) -> tuple[torch.Tensor, object]:
+    """(steps (B, H, K_i, G), rotation) of a step-carrying segment: a cache view's stored per-token steps
+    as they are (no copy), else its GroupSteps."""
+    stored = getattr(seg, "stored_k", None)
+    if isinstance(stored, RTNTensor) and stored.layout.granularity in ("token", "token_group"):
+        return stored.step, stored.rotation
+    return seg.steps.step, seg.steps.rotation
+
+
+def step_kind(seg: SegmentLike) -> tuple[int, int]:
+    """Segments sharing group count and rotation object share bias columns."""
+    step, rotation = token_steps(seg)
+    return step.shape[-1], id(rotation)
 
 
 def cached_attention(
@@ -83,61 +120,74 @@ def stacked_inputs(
     total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
     flat = workspace(batch * heads * total * (dim + dv), q.device, q.dtype)
     keys, values = carve(flat, (batch, heads, total, dim), (batch, heads, total, dv))
-    start = 0
-    for seg in segments:
-        n = segment_shape(seg, "k")[2]
-        write_segment(seg, "k", keys[:, :, start : start + n])
-        write_segment(seg, "v", values[:, :, start : start + n])
-        start += n
+    start = total - k_cur.shape[-2]
+    write_segments(segments, "k", keys[:, :, :start])
+    write_segments(segments, "v", values[:, :, :start])
     keys[:, :, start:] = k_cur
     values[:, :, start:] = v_cur
     return keys, values
 
 
-def _step_kind(steps: GroupSteps) -> tuple[int, int]:
-    """Segments sharing group count and rotation object share augmented columns."""
-    return steps.step.shape[-1], id(steps.rotation)
-
-
 def _bias_columns(
     q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float, strength: float
-) -> tuple[dict, Callable[[GroupSteps, torch.Tensor], None]] | None:
+) -> tuple[dict, Callable[[torch.Tensor, tuple, torch.Tensor], None]] | None:
     """Per step kind: query columns (B, H, Q, C_kind) pre-divided by -scale/strength, and a function writing
-    a segment's key columns (B, H, K_i, C_kind) into a view, so that scale * q_cols.k_cols = -strength * bias.
+    key columns (B, H, K, C_kind) of token steps (B, H, K, G) into a view, so that
+    scale * q_cols.k_cols = -strength * bias.
 
     Taylor: C = G, q_cols ~ qn2, k_cols = step^2. Exact: the series form, C = G * N terms; None when
     some |x| may exceed SERIES_MAX_ARG (the caller then uses the elementwise bias as a mask).
     """
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    kinds: dict[tuple[int, int], list[GroupSteps]] = {}
+    kinds: dict[tuple[int, int], list[tuple[torch.Tensor, object]]] = {}
     for seg in segments:
         if segment_has_steps(seg):
-            kinds.setdefault(_step_kind(seg.steps), []).append(seg.steps)
+            kinds.setdefault(step_kind(seg), []).append(token_steps(seg))
     q_cols, key_params = {}, {}
     for kind, members in kinds.items():
-        groups = kind[0]
-        qb = bias_basis_query(q.to(work), members[0])  # (B, H, Q, D)
+        groups, rotation = kind[0], members[0][1]
+        qb = q.to(work) if rotation is None else rotation.apply(q.to(work))  # (B, H, Q, D) in the steps' basis
         if correction == "taylor":
             q_cols[kind] = -(strength * scale / 24.0) * query_group_sq_norms(qb, groups)  # (B, H, Q, G)
             continue
         q_max = qb.abs().amax()
-        bound = float(0.5 * scale * q_max * max(float(m.step.abs().amax()) for m in members))
+        bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
         terms = series_terms(bound)
         q_cols[kind] = -(strength / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)
 
-    def key_columns(steps: GroupSteps, out: torch.Tensor) -> None:
-        """Write a segment's key columns (B, H, K_i, C_kind), derived from its steps, into ``out``."""
+    def key_columns(step: torch.Tensor, kind: tuple, out: torch.Tensor) -> None:
+        """Write the key columns (B, H, K, C_kind) derived from token steps (B, H, K, G) into ``out``."""
         if correction == "taylor":
-            out.copy_(steps.step)
+            out.copy_(step)
             out.square_()
             return
-        q_max, terms = key_params[_step_kind(steps)]
-        out.copy_(exact_series_key_columns(steps.step.to(work), scale, q_max, terms))
+        q_max, terms = key_params[kind]
+        out.copy_(exact_series_key_columns(step.to(work), scale, q_max, terms))
 
     return q_cols, key_columns
+
+
+def _column_runs(segments: Sequence[SegmentLike]) -> list[tuple[int, int, tuple, torch.Tensor]]:
+    """(start, end, kind, token steps (B, H, end - start, G)) for each run of consecutive step-carrying
+    segments of one kind, their steps concatenated (one write per run instead of one per chunk)."""
+    runs, start, current = [], 0, None
+    for seg in segments:
+        n = segment_shape(seg, "k")[2]
+        kind = step_kind(seg) if segment_has_steps(seg) else None
+        if kind is not None and current is not None and current[2] == kind and current[1] == start:
+            current[1] = start + n
+            current[3].append(token_steps(seg)[0])
+        else:
+            if current is not None:
+                runs.append(current)
+            current = [start, start + n, kind, [token_steps(seg)[0]]] if kind is not None else None
+        start += n
+    if current is not None:
+        runs.append(current)
+    return [(a, b, kind, steps[0] if len(steps) == 1 else torch.cat(steps, dim=2)) for a, b, kind, steps in runs]
 
 
 def augmented_inputs(
@@ -174,22 +224,16 @@ def augmented_inputs(
     flat = workspace(batch * heads * (2 * total + n_q) * width, q.device, q.dtype)
     k_aug, v_pad, q_aug = carve(flat, (batch, heads, total, width), (batch, heads, total, width),
                                 (batch, heads, n_q, width))  # [k, bias key columns], [v, zeros], [q, bias query columns]
-    start = 0
-    for seg in segments:
-        n = segment_shape(seg, "k")[2]
-        rows = slice(start, start + n)
-        write_segment(seg, "k", k_aug[:, :, rows, :dim])
-        write_segment(seg, "v", v_pad[:, :, rows, :dv])
-        v_pad[:, :, rows, dv:] = 0
-        k_aug[:, :, rows, dim:] = 0
-        if segment_has_steps(seg):
-            col = offsets[_step_kind(seg.steps)]
-            key_columns(seg.steps, k_aug[:, :, rows, col : col + q_cols[_step_kind(seg.steps)].shape[-1]])
-        start += n
+    start = total - k_cur.shape[-2]
+    write_segments(segments, "k", k_aug[:, :, :start, :dim])
+    write_segments(segments, "v", v_pad[:, :, :start, :dv])
+    k_aug[..., dim:] = 0
+    v_pad[..., dv:] = 0
+    for first, end, kind, step in _column_runs(segments):
+        col = offsets[kind]
+        key_columns(step, kind, k_aug[:, :, first:end, col : col + q_cols[kind].shape[-1]])
     k_aug[:, :, start:, :dim] = k_cur
-    k_aug[:, :, start:, dim:] = 0
     v_pad[:, :, start:, :dv] = v_cur
-    v_pad[:, :, start:, dv:] = 0
     q_aug[..., :dim] = q
     q_aug[..., dim:] = 0
     for kind, cols in q_cols.items():
@@ -221,13 +265,8 @@ def bias_column_tables(
     work = q_cols[next(iter(q_cols))].dtype
     k_cols = q.new_zeros(batch, heads, total, width, dtype=work)  # (B, H, K_total, C)
     q_coef = q.new_empty(batch, heads, n_q, width, dtype=work)  # (B, H, Q, C)
-    start = 0
-    for seg in segments:
-        n = segment_shape(seg, "k")[2]
-        if segment_has_steps(seg):
-            kind = _step_kind(seg.steps)
-            key_columns(seg.steps, k_cols[:, :, start : start + n, offsets[kind] : offsets[kind] + q_cols[kind].shape[-1]])
-        start += n
+    for first, end, kind, step in _column_runs(segments):
+        key_columns(step, kind, k_cols[:, :, first:end, offsets[kind] : offsets[kind] + q_cols[kind].shape[-1]])
     for kind, cols in q_cols.items():
         q_coef[..., offsets[kind] : offsets[kind] + cols.shape[-1]] = -scale * cols
     return q_coef, k_cols

@@ -52,6 +52,53 @@ def carve(flat: torch.Tensor, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
     return out
 
 
+_SHIFTS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def batch_key(stored: QuantizedTensor) -> tuple | None:
+    """Chunks with equal keys are dequantized together by ``dequantize_many_into``; None: one at a time.
+
+    Batched: unrotated RTN with statistics per token (granularity token / token_group) and bits that pack
+    whole codes into bytes (2, 4, 8).
+    """
+    if not isinstance(stored, RTNTensor) or stored.rotation is not None or stored.bits not in (2, 4, 8):
+        return None
+    if stored.layout.granularity not in ("token", "token_group"):
+        return None
+    zero = None if stored.zero is None else stored.zero.dtype
+    return stored.bits, stored.layout.channel_span, stored.step.dtype, zero, stored.shape[:2], stored.shape[3]
+
+
+def dequantize_many_into(stored: list[RTNTensor], out: torch.Tensor) -> None:
+    """Dequantize consecutive chunks sharing one ``batch_key`` into ``out`` (B, H, sum S_i, D) in one pass:
+    their packed codes and statistics are concatenated (the size of the stored form), unpacked by
+    shift-and-mask and rebuilt with one addcmul, evaluated in float32 and rounded once into ``out``."""
+    first = stored[0]
+    b, h, _, d = first.shape
+    bits, span = first.bits, first.layout.channel_span
+    per = 8 // bits
+
+    def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+    packed = cat([t.packed.view(b, h, t.shape[2], d // per) for t in stored])  # (B, H, N, D / per) uint8
+    step = cat([t.step for t in stored]).float()  # (B, H, N, G)
+    if first.zero is None:
+        shift = step * -float(1 << (bits - 1))
+    else:
+        shift = (cat([t.zero for t in stored]).float() + zero_offset(first.zero.dtype, bits)) * -step
+    mask = (1 << bits) - 1
+    if bits == 8:
+        codes = packed
+    else:
+        key = (bits, packed.device)
+        if key not in _SHIFTS:
+            _SHIFTS[key] = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
+        codes = (packed.unsqueeze(-1) >> _SHIFTS[key]) & mask  # (B, H, N, D / per, per)
+    o = out.unflatten(-1, (-1, span))  # (B, H, N, G, g)
+    torch.addcmul(shift[..., None], codes.reshape(b, h, -1, d).unflatten(-1, (-1, span)), step[..., None], out=o)
+
+
 def dequantize_into(stored: QuantizedTensor, out: torch.Tensor) -> None:
     """Write ``stored.dequantize()`` (original basis) into ``out`` (B, H, S, D), which may be a strided view.
 
