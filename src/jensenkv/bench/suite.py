@@ -166,8 +166,8 @@ def e2e_rows(plan: Plan) -> list[dict]:
     from jensenkv.generate import generate_video
 
     rows = []
-    for name, build, repeats in (("built-in model", tiny_adapter, plan.e2e_repeats),
-                                 ("long-context", long_context_adapter, plan.long_repeats)):
+    for name, build, repeats, warmup in (("built-in model", tiny_adapter, plan.e2e_repeats, 1),
+                                         ("long-context", long_context_adapter, plan.long_repeats, 0)):
         head_dim = 128 if build is tiny_adapter else LONG_CONTEXT["attention_head_dim"]
         bf16, generation = build(preset("bf16", head_dim), "none", quick=plan.quick)
         int2, _ = build(preset("rtn", head_dim, **INT2), "taylor", quick=plan.quick)
@@ -178,7 +178,7 @@ def e2e_rows(plan: Plan) -> list[dict]:
                     generate_video(adapter, PROMPT, 0, generation)
             return call
 
-        samples = time_interleaved({"bf16": run(bf16), "int2": run(int2)}, repeats)
+        samples = time_interleaved({"bf16": run(bf16), "int2": run(int2)}, repeats, warmup)
         median, iqr = paired_ratio(samples["int2"], samples["bf16"])
         what = f"{name} ({describe(generation, LONG_FRAME, LONG_CONTEXT['patch_size'])})" \
             if build is long_context_adapter and not plan.quick else name
