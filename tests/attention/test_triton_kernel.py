@@ -150,3 +150,33 @@ def test_triton_bias_only_on_cached_keys(triton_device: str) -> None:
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert relative_error(actual, expected) <= 1e-5
     assert dataclasses.is_dataclass(CacheSegment)
+
+
+def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> None:
+    """backend="triton" reaches the kernel through the adapter: same denoiser output as backend="cached"."""
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    from jensenkv.generate import GenerationConfig
+    from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
+
+    config = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 4,
+              "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 1,
+              "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
+    int2 = QuantConfig(bits=2, group_size=8)
+    outputs = {}
+    for backend in ("cached", "triton"):
+        torch.manual_seed(0)
+        adapter = ChunkwiseAdapter(SkyReelsV2Transformer3DModel(**config).to(triton_device),
+                                   lambda prompts: torch.ones(len(prompts), 4, 16, device=triton_device),
+                                   (4, 4, 8), GenerationConfig(frames_per_chunk=2, steps=2),
+                                   CacheConfig(key=int2, value=int2),
+                                   AttentionSettings(backend=backend, correction="taylor"))
+        adapter.set_prompt("a red square", "")
+        gen = torch.Generator().manual_seed(1)
+        frames = [torch.randn(1, 4, 2, 4, 8, generator=gen).to(triton_device) for _ in range(3)]  # (1, C, F, H, W)
+        outs = []
+        for c, x in enumerate(frames):
+            outs.append(adapter.denoise(x, 0.7, c, "cond"))
+            adapter.commit(x, c, "cond")
+        outputs[backend] = torch.cat([o.flatten() for o in outs])
+    assert relative_error(outputs["triton"], outputs["cached"]) <= 1e-4
