@@ -19,7 +19,8 @@ Values quantized with a rotation accumulate separately and are un-rotated after 
 Chunks with different storage layouts are run as separate launches and merged by log-sum-exp; the
 only per-call copies are the concatenated stored tensors (as large as the stored form) and the
 full-precision keys (sinks + current chunk). QVG chunks and INT3 codes are not supported here.
-The kernel computes in float32 (dots in IEEE fp32). ``TRITON_INTERPRET=1`` runs it on the CPU (tests).
+The kernel computes in float32 (dots in IEEE fp32). ``TRITON_INTERPRET=1`` runs it on the CPU (tests); it
+takes effect when set before the first call, even when triton itself was imported earlier.
 """
 from __future__ import annotations
 
@@ -259,14 +260,3 @@ def _launch(q32, members, kf, vf, correction, scale, strength, heads_kv, block_m
     if v_rotation is not None:
         out_q = v_rotation.inverse(out_q)  # values were accumulated in their rotated basis
     return out_q + out_f, lse
-
-
-def kernel_supported(segments: Sequence[SegmentLike]) -> bool:
-    """Whether every segment's storage can be read by the kernel (RTN with bits in KERNEL_BITS, or full precision)."""
-    try:
-        for i, seg in enumerate(segments):
-            _check_storage(seg, i, "k")
-            _check_storage(seg, i, "v")
-    except ValueError:
-        return False
-    return True
