@@ -69,9 +69,10 @@ def test_run_suite_rejects_unknown_benchmark(tmp_path):
 def test_time_interleaved_rotates_the_order():
     calls: list[str] = []
     variants = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    samples = time_interleaved(variants, repeats=3, warmup=1)
+    wall, cpu = time_interleaved(variants, repeats=3, warmup=1)
     assert calls == list("abc") + list("abc") + list("bca") + list("cab")
-    assert all(len(s) == 3 for s in samples.values())
+    assert all(len(s) == 3 for s in wall.values()) and all(len(s) == 3 for s in cpu.values())
+    assert all(w >= 0 and c >= 0 for name in "abc" for w, c in zip(wall[name], cpu[name]))
 
 
 @pytest.mark.parametrize("kwargs, match", [({"repeats": 0}, "repeats=0"), ({"repeats": 1, "warmup": -1}, "warmup=-1")])

@@ -2,7 +2,8 @@
 
 On a shared CPU the load drifts over seconds; timing variant A ten times and then variant B ten times
 turns that drift into a bias of their ratio. Ratios are therefore taken per repetition (paired) and
-summarised by their median and interquartile range.
+summarised by their median and interquartile range. Each call is timed twice: wall clock, and the CPU
+time of this process (all its threads), which other tenants' load perturbs far less.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import numpy as np
 
 def time_interleaved(
     variants: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Seconds per call of every variant, ``repeats`` each, after ``warmup`` untimed rounds.
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall, cpu): seconds per call of every variant, ``repeats`` each, after ``warmup`` untimed rounds.
 
     The order rotates by one position each repetition, so no variant always runs first (cold caches)
     or always right after the most expensive one.
@@ -30,14 +31,16 @@ def time_interleaved(
     for _ in range(warmup):
         for name in names:
             variants[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(repeats):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             variants[name]()
-            samples[name].append(time.perf_counter() - start)
-    return samples
+            cpu[name].append(time.process_time() - start_cpu)
+            wall[name].append(time.perf_counter() - start)
+    return wall, cpu
 
 
 def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
