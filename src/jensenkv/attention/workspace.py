@@ -53,6 +53,7 @@ def carve(flat: torch.Tensor, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
 
 
 _SHIFTS: dict[tuple[int, torch.device], torch.Tensor] = {}
+_PIECE = 2048  # tokens per scratch piece when dequantizing into a strided view
 
 
 def batch_key(stored: QuantizedTensor) -> tuple | None:
@@ -88,15 +89,25 @@ def dequantize_many_into(stored: list[RTNTensor], out: torch.Tensor) -> None:
     else:
         shift = (cat([t.zero for t in stored]).float() + zero_offset(first.zero.dtype, bits)) * -step
     mask = (1 << bits) - 1
-    if bits == 8:
-        codes = packed
-    else:
+    if bits != 8:
         key = (bits, packed.device)
         if key not in _SHIFTS:
             _SHIFTS[key] = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
-        codes = (packed.unsqueeze(-1) >> _SHIFTS[key]) & mask  # (B, H, N, D / per, per)
-    o = out.unflatten(-1, (-1, span))  # (B, H, N, G, g)
-    torch.addcmul(shift[..., None], codes.reshape(b, h, -1, d).unflatten(-1, (-1, span)), step[..., None], out=o)
+    n_total = packed.shape[2]
+    # A broadcasting addcmul into a strided view (the workspace rows are wider than D) is several times
+    # slower than into contiguous memory: strided targets go through a scratch of at most _PIECE tokens.
+    scratch = not out.is_contiguous()
+    piece = _PIECE if scratch else max(n_total, 1)
+    for start in range(0, n_total, piece):
+        rows = slice(start, min(n_total, start + piece))
+        p = packed[:, :, rows]
+        codes = p if bits == 8 else (p.unsqueeze(-1) >> _SHIFTS[key]) & mask  # (B, H, n, D / per, per)
+        target = torch.empty((b, h, rows.stop - start, d), dtype=out.dtype, device=out.device) if scratch \
+            else out[:, :, rows]
+        torch.addcmul(shift[:, :, rows, :, None], codes.reshape(b, h, -1, d).unflatten(-1, (-1, span)),
+                      step[:, :, rows, :, None], out=target.unflatten(-1, (-1, span)))  # (B, H, n, G, g)
+        if scratch:
+            out[:, :, rows] = target
 
 
 def dequantize_into(stored: QuantizedTensor, out: torch.Tensor) -> None:
