@@ -17,9 +17,9 @@ from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
 
 TINY_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "model" / "tiny.yaml"
 PROMPT = "a red circle moving right on a dark background"
-# 2 layers of 2 heads x 64; a chunk is 4 latent frames of 64 x 64 with 2 x 2 patches: 4096 tokens.
+# 4 layers of 2 heads x 64; a chunk is 4 latent frames of 64 x 64 with 2 x 2 patches: 4096 tokens.
 LONG_CONTEXT = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 64, "in_channels": 4,
-                "out_channels": 4, "text_dim": 32, "freq_dim": 256, "ffn_dim": 128, "num_layers": 2,
+                "out_channels": 4, "text_dim": 32, "freq_dim": 256, "ffn_dim": 128, "num_layers": 4,
                 "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 64}
 LONG_FRAME = (4, 64, 64)  # (C, H, W) of one latent frame
 LONG_GENERATION = GenerationConfig(num_chunks=8, frames_per_chunk=4, steps=1, guidance_scale=1.0)
