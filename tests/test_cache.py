@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.cache import CacheConfig, ChunkedKVCache, StoredSegment
 from jensenkv.quant import QuantConfig
 
 B, H, S, D = 1, 2, 16, 64
@@ -31,33 +31,65 @@ def chunk_ids(cache: ChunkedKVCache) -> list[int]:
     return [round(float(seg.v.mean()) / 100) for seg in cache.segments()]
 
 
-def test_commit_quantizes_once_and_segments_are_memoized():
+def held_tensor_bytes(obj, seen: set[int] | None = None) -> int:
+    """Bytes of every tensor storage reachable from ``obj`` (attributes, lists, dicts), each storage once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if ("storage", storage.data_ptr()) in seen:
+            return 0
+        seen.add(("storage", storage.data_ptr()))
+        return storage.nbytes()
+    if isinstance(obj, dict):
+        return sum(held_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple, set)):
+        return sum(held_tensor_bytes(v, seen) for v in obj)
+    if hasattr(obj, "__dict__"):
+        return held_tensor_bytes(vars(obj), seen)
+    return 0
+
+
+def quantizer_state_bytes(cache: ChunkedKVCache) -> int:
+    """The quantizers' own tensors (Hadamard signs, QVG warm-start centroids): not chunk storage."""
+    seen: set = set()
+    return held_tensor_bytes(cache.key_quantizer, seen) + held_tensor_bytes(cache.value_quantizer, seen)
+
+
+@pytest.mark.parametrize("keep_reference", [False, True])
+@pytest.mark.parametrize(
+    "key",
+    [KEY_INT2, QuantConfig(bits=4, granularity="channel", group_size=5, zero_dtype="float16"),
+     QuantConfig(bits=2, rotation="hadamard"), QuantConfig(method="qvg", qvg_centroids=4, qvg_iters=1)],
+)
+def test_cache_holds_only_the_stored_form_after_attention(key, keep_reference):
+    """After commits and attention calls the cache holds nbytes (+ the probes' reference copies) and nothing else."""
+    from jensenkv.attention import cached_attention, reference_attention
+
+    cache = make_cache(key=key, value=QuantConfig(bits=2, group_size=16), sink_chunks=1, keep_reference=keep_reference)
+    for i in range(4):
+        cache.commit(*chunk(i))
+    (q, k), (_, v) = chunk(9), chunk(8)
+    for correction in ("none", "taylor", "exact"):
+        cached_attention(q, k, v, cache.segments(), correction=correction)
+    reference_attention(q, k, v, cache.segments(), correction="taylor")  # builds the views' k, v, steps
+    references = 4 * 2 * B * H * S * D * 4 if keep_reference else 0  # float32 copies of K and V
+    assert held_tensor_bytes(cache) == cache.nbytes + references + quantizer_state_bytes(cache)
+    assert cache.key_quantizer.num_calls == 3 and cache.value_quantizer.num_calls == 3  # the sink is not quantized
+
+
+def test_segments_are_fresh_views_of_the_stored_chunks():
     cache = make_cache()
     for i in range(3):
         cache.commit(*chunk(i))
-    first = cache.segments()
-    for _ in range(4):
-        again = cache.segments()
-    assert cache.key_quantizer.num_calls == 3 and cache.value_quantizer.num_calls == 3
-    assert all(a.k is b.k and a.steps is b.steps for a, b in zip(first, again))
+    first, again = cache.segments(), cache.segments()
+    assert all(a is not b and a.stored_k is b.stored_k for a, b in zip(first, again))
+    assert torch.equal(first[0].k, again[0].k)  # same stored form, same reconstruction
+    assert first[0].k is first[0].k  # a view keeps what it built while the caller holds it
     cache.commit(*chunk(3))
-    cache.segments()
     assert cache.key_quantizer.num_calls == 4
-
-
-def test_segments_hold_dequantized_keys_and_their_steps():
-    cache = make_cache()
-    k, v = chunk(0)
-    cache.commit(k, v)
-    (seg,) = cache.segments()
-    assert isinstance(seg, CacheSegment)
-    assert seg.k.shape == (B, H, S, D) and seg.k.dtype == torch.float32
-    assert seg.steps.step.shape == (B, H, S, D // 32)
-    assert not torch.equal(seg.k, k)  # really quantized
-    bound = seg.steps.step.repeat_interleave(32, dim=-1) / 2
-    assert ((seg.k - k).abs() <= bound * (1 + 1e-5) + 1e-7).all()
-    assert torch.equal(seg.v, v)  # values kept full precision (method none, float32)
-    assert seg.k_ref is None and seg.v_ref is None
 
 
 def test_sinks_stay_full_precision_and_visible_window_slides():

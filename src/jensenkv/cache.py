@@ -4,18 +4,21 @@ Each committed chunk is quantized exactly once (keys and values by separate quan
 may stay full precision with method "none") and never re-quantized. The first `sink_chunks`
 chunks are kept in full precision (each config's `store_dtype`) and stay visible forever; of the
 other chunks only the last `window_chunks` are kept, and a chunk that leaves the window is
-dropped (its storage freed). `segments()` returns the visible chunks, oldest first, dequantized.
+dropped (its storage freed). `segments()` returns the visible chunks, oldest first, as lazy views.
 
-Memory accounting: `nbytes` counts exactly the stored form of the held chunks (packed codes,
-steps, zeros, centroids, full-precision sinks). NOT counted: the full-precision reference copies
-kept with `keep_reference` (a probe aid) and the per-chunk memo of dequantized tensors that
-`segments()` keeps so that a chunk is dequantized once rather than on every attention call (a
-compute cache, not storage). `bf16_nbytes` is what the same visible K and V would take in BF16.
+Memory: a chunk holds only its stored form (packed codes, steps, zeros, centroids, full-precision
+sinks), exactly what `nbytes` counts. Nothing dequantized is held between attention calls: the fast
+attention paths dequantize the views' stored tensors into one workspace shared by all layers
+(``jensenkv.attention.workspace``), and a view's own `k` / `v` / `steps` are built on first use and
+live only as long as the caller keeps that view. The one documented extra is probe memory: the
+full-precision reference copies kept with `keep_reference` (the probes compare against them), not
+counted in `nbytes`. `bf16_nbytes` is what the same visible K and V would take in BF16.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -73,7 +76,7 @@ class CacheConfig:
 
 @dataclass
 class CacheSegment:
-    """One visible chunk as attention sees it. Tensors are shared with the cache's memo: do not modify."""
+    """One cached chunk given as tensors (e.g. built by hand for tests); attention reads these fields."""
 
     k: torch.Tensor  # (B, H, K, D) float32, dequantized, original basis
     v: torch.Tensor  # (B, H, K, D) float32
@@ -89,9 +92,40 @@ class _StoredChunk:
     k: QuantizedTensor
     v: QuantizedTensor
     num_tokens: int
-    k_ref: torch.Tensor | None = None
+    k_ref: torch.Tensor | None = None  # (B, H, S, D) probe memory (keep_reference), not counted in nbytes
     v_ref: torch.Tensor | None = None
-    segment: CacheSegment | None = None  # memo of the dequantized view (compute cache, not counted)
+
+
+class StoredSegment:
+    """A visible chunk as a lazy view of its stored form (what ``ChunkedKVCache.segments()`` returns).
+
+    The fast attention paths read ``stored_k`` / ``stored_v`` and dequantize into the shared workspace.
+    ``k``, ``v`` and ``steps`` (the CacheSegment fields, for the oracle, probes and user code) are built on
+    first access and kept by this view only: dropping the view frees them.
+    """
+
+    from_cache = True  # shapes and steps are consistent by construction (validation may skip them)
+
+    def __init__(self, chunk: _StoredChunk):
+        self.stored_k: QuantizedTensor = chunk.k
+        self.stored_v: QuantizedTensor = chunk.v
+        self.k_ref = chunk.k_ref  # (B, H, S, D) or None
+        self.v_ref = chunk.v_ref
+        self.k_shape = tuple(chunk.k.shape)  # (B, H, S, D)
+        self.v_shape = tuple(chunk.v.shape)  # (B, H, S, Dv)
+        self.has_steps = not isinstance(chunk.k, FullPrecisionTensor)
+
+    @cached_property
+    def k(self) -> torch.Tensor:
+        return self.stored_k.dequantize()  # (B, H, S, D) float32, original basis
+
+    @cached_property
+    def v(self) -> torch.Tensor:
+        return self.stored_v.dequantize()  # (B, H, S, Dv) float32
+
+    @cached_property
+    def steps(self) -> GroupSteps | None:
+        return self.stored_k.group_steps() if self.has_steps else None
 
 
 class ChunkedKVCache:
@@ -152,18 +186,9 @@ class ChunkedKVCache:
         recent = [c for c in self._chunks if not c.is_sink]
         self._chunks = sinks + recent[max(0, len(recent) - self.cfg.window_chunks) :]
 
-    def segments(self) -> list[CacheSegment]:
-        """Visible chunks, oldest first, each dequantized once and memoized."""
-        for chunk in self._chunks:
-            if chunk.segment is None:
-                chunk.segment = CacheSegment(
-                    k=chunk.k.dequantize(),
-                    v=chunk.v.dequantize(),
-                    steps=chunk.k.group_steps(),
-                    k_ref=chunk.k_ref,
-                    v_ref=chunk.v_ref,
-                )
-        return [chunk.segment for chunk in self._chunks]
+    def segments(self) -> list[StoredSegment]:
+        """Visible chunks, oldest first, as lazy views of their stored form (nothing is dequantized here)."""
+        return [StoredSegment(chunk) for chunk in self._chunks]
 
     @property
     def chunk_indices(self) -> list[int]:
@@ -172,7 +197,7 @@ class ChunkedKVCache:
 
     @property
     def nbytes(self) -> int:
-        """Exact bytes stored for the visible chunks (reference copies and the dequantized memo excluded)."""
+        """Exact bytes stored for the visible chunks (the probes' reference copies excluded)."""
         return sum(c.k.nbytes + c.v.nbytes for c in self._chunks)
 
     @property

@@ -1,7 +1,8 @@
 """Attention over [quantized cache, current chunk] with the Jensen-bias correction.
 
 reference_attention is the oracle; cached_attention the fast CPU path (one SDPA call);
-flex_cached_attention the FlexAttention path (compiled on GPU); attention_probes the diagnostics.
+flex_cached_attention the FlexAttention path (compiled on GPU); triton_cached_attention the fused
+kernel over the packed cache (GQA too); attention_probes the diagnostics.
 ATTENTION_BACKENDS / get_backend choose among the kernels by name.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
 from jensenkv.attention.probes import PROBE_KEYS, attention_probes, jensen_shannon
 from jensenkv.attention.reference import reference_attention
+from jensenkv.attention.triton_kernel import triton_cached_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -24,4 +26,5 @@ __all__ = [
     "get_backend",
     "jensen_shannon",
     "reference_attention",
+    "triton_cached_attention",
 ]

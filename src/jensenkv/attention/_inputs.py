@@ -19,6 +19,18 @@ class SegmentLike(Protocol):
     v_ref: torch.Tensor | None  # (B, H, K, Dv)
 
 
+def segment_shape(seg: SegmentLike, name: str) -> tuple[int, ...]:
+    """Shape of a segment's "k" or "v" without dequantizing a lazy cache view (which carries k_shape/v_shape)."""
+    shape = getattr(seg, f"{name}_shape", None)
+    return tuple(getattr(seg, name).shape) if shape is None else tuple(shape)
+
+
+def segment_has_steps(seg: SegmentLike) -> bool:
+    """Whether a segment's keys carry quantization steps, without building them for a lazy cache view."""
+    has = getattr(seg, "has_steps", None)
+    return seg.steps is not None if has is None else bool(has)
+
+
 def resolve_scale(scale: float | None, head_dim: int) -> float:
     """The softmax scale: 1/sqrt(D) unless given."""
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -53,31 +65,34 @@ def validate_attention_inputs(
     value_dim = v_cur.shape[-1]
     total = k_cur.shape[2]
     for i, seg in enumerate(segments):
-        if seg.k.ndim != 4 or seg.k.shape[:2] != (batch, heads) or seg.k.shape[-1] != dim:
+        k_shape, v_shape = segment_shape(seg, "k"), segment_shape(seg, "v")
+        if len(k_shape) != 4 or k_shape[:2] != (batch, heads) or k_shape[-1] != dim:
             raise ValueError(
-                f"segments[{i}].k.shape={tuple(seg.k.shape)} does not fit q.shape={tuple(q.shape)}: "
+                f"segments[{i}].k.shape={k_shape} does not fit q.shape={tuple(q.shape)}: "
                 f"it must be (B={batch}, H={heads}, K, D={dim})"
             )
-        if seg.v.ndim != 4 or seg.v.shape[:3] != seg.k.shape[:3] or seg.v.shape[-1] != value_dim:
+        if len(v_shape) != 4 or v_shape[:3] != k_shape[:3] or v_shape[-1] != value_dim:
             raise ValueError(
-                f"segments[{i}].v.shape={tuple(seg.v.shape)} does not fit segments[{i}].k.shape="
-                f"{tuple(seg.k.shape)}: it must be (B, H, K, Dv={value_dim})"
+                f"segments[{i}].v.shape={v_shape} does not fit segments[{i}].k.shape="
+                f"{k_shape}: it must be (B, H, K, Dv={value_dim})"
             )
+        total += k_shape[2]
+        if getattr(seg, "from_cache", False):
+            continue  # a cache view: references and steps are built from the same stored chunk
         for name in ("k_ref", "v_ref"):
             ref = getattr(seg, name, None)
-            own = seg.k if name == "k_ref" else seg.v
-            if ref is not None and ref.shape != own.shape:
+            own = k_shape if name == "k_ref" else v_shape
+            if ref is not None and tuple(ref.shape) != own:
                 raise ValueError(
                     f"segments[{i}].{name}.shape={tuple(ref.shape)} must equal the shape "
-                    f"{tuple(own.shape)} of the quantized tensor"
+                    f"{own} of the quantized tensor"
                 )
         if seg.steps is not None:
             validate_group_steps(q, seg.steps, argument=f"segments[{i}].steps")
-            if seg.steps.step.shape[2] != seg.k.shape[2]:
+            if seg.steps.step.shape[2] != k_shape[2]:
                 raise ValueError(
                     f"segments[{i}].steps.step.shape={tuple(seg.steps.step.shape)} does not fit "
-                    f"segments[{i}].k.shape={tuple(seg.k.shape)}: one step row per cached key"
+                    f"segments[{i}].k.shape={k_shape}: one step row per cached key"
                 )
-        total += seg.k.shape[2]
     if total == 0:
         raise ValueError("segments=[] and k_cur has R=0 tokens: attention needs at least one key")

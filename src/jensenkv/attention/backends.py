@@ -1,7 +1,7 @@
 """The attention kernels the cached self-attention processor can use, chosen by name.
 
 A plain dict, as diffusers' ``dispatch_attention_fn`` keeps its backends: a new kernel (or a test's spy)
-is one more entry, e.g. ``ATTENTION_BACKENDS["triton"] = triton_cached_attention``. Every entry has the
+is one more entry, e.g. ``ATTENTION_BACKENDS["mine"] = my_cached_attention``. Every entry has the
 contract of ``reference_attention``: fn(q, k_cur, v_cur, segments, correction=..., strength=...) with
 q (B, H, Q, D), k_cur / v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
 """
@@ -14,6 +14,7 @@ import torch
 from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
 from jensenkv.attention.reference import reference_attention
+from jensenkv.attention.triton_kernel import triton_cached_attention
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -21,6 +22,7 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
     "cached": cached_attention,  # fast CPU path: one SDPA call with the bias folded in
     "reference": reference_attention,  # the readable float64 oracle
     "flex": flex_cached_attention,  # FlexAttention (compiled on GPU)
+    "triton": triton_cached_attention,  # fused kernel over the packed cache (GPU; CPU under TRITON_INTERPRET=1)
 }
 
 

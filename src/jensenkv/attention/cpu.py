@@ -1,11 +1,13 @@
-"""Fast CPU cached attention: one SDPA call, the bias folded in without a (Q, K, D) tensor.
+"""Fast CPU cached attention: one SDPA call over a shared workspace, the bias folded in as extra columns.
 
-- none:   SDPA on the concatenated [cached..., current] K/V.
+Cached chunks are dequantized on every call into one workspace buffer (``attention.workspace``: one
+per device and dtype, shared by all layers, grown to the widest window seen), never kept.
+- none:   SDPA on [cached..., current] K/V written into the workspace.
 - taylor: the bias strength * scale^2/24 * sum_j qn2_j step_j^2 is a dot product over G extra
   columns, so SDPA sees q_aug = [q, -strength*scale/24 * qn2] and k_aug = [k, step^2] (zeros for
   the current chunk and for segments without steps) with ``scale`` passed explicitly. Values are
   zero-padded to the same width so the flash kernel applies. Segments with different (G, rotation)
-  get their own columns.
+  get their own columns. The key columns come from the stored steps at each call (no stored bytes).
 - exact:  while every |x| <= SERIES_MAX_ARG, the series form of the bias folded in the same way (G
   columns per series term); otherwise the elementwise bias from ``group_bias`` as an additive float
   attn_mask: memory (Q, K).
@@ -18,17 +20,70 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
+from jensenkv.attention._inputs import (
+    SegmentLike,
+    resolve_scale,
+    segment_has_steps,
+    segment_shape,
+    validate_attention_inputs,
+)
+from jensenkv.attention.workspace import (
+    batch_key,
+    carve,
+    dequantize_into,
+    dequantize_many_into,
+    workspace,
+)
 from jensenkv.correction import (
     SERIES_MAX_ARG,
-    GroupSteps,
-    bias_basis_query,
     exact_series_key_columns,
     exact_series_query_columns,
     group_bias,
     query_group_sq_norms,
     series_terms,
 )
+from jensenkv.quant.rtn import RTNTensor
+
+
+def write_segments(segments: Sequence[SegmentLike], name: str, out: torch.Tensor) -> None:
+    """Dequantize the segments' "k" or "v", in order, into ``out`` (B, H, sum K_i, D): cache views from their
+    stored form, consecutive chunks of one RTN layout in one pass (``workspace.dequantize_many_into``)."""
+    start, run, run_start, run_key = 0, [], 0, None
+
+    def flush() -> None:
+        if run:
+            dequantize_many_into(run, out[:, :, run_start:start])
+
+    for seg in segments:
+        n = segment_shape(seg, name)[2]
+        stored = getattr(seg, f"stored_{name}", None)
+        key = None if stored is None else batch_key(stored)
+        if key is None or key != run_key:
+            flush()
+            run, run_start, run_key = [], start, key
+        if key is not None:
+            run.append(stored)
+        elif stored is not None:
+            dequantize_into(stored, out[:, :, start : start + n])
+        else:
+            out[:, :, start : start + n] = getattr(seg, name)
+        start += n
+    flush()
+
+
+def token_steps(seg: SegmentLike) -> tuple[torch.Tensor, object]:
+    """(steps (B, H, K_i, G), rotation) of a step-carrying segment: a cache view's stored per-token steps
+    as they are (no copy), else its GroupSteps."""
+    stored = getattr(seg, "stored_k", None)
+    if isinstance(stored, RTNTensor) and stored.layout.granularity in ("token", "token_group"):
+        return stored.step, stored.rotation
+    return seg.steps.step, seg.steps.rotation
+
+
+def step_kind(seg: SegmentLike) -> tuple[int, int]:
+    """Segments sharing group count and rotation object share bias columns."""
+    step, rotation = token_steps(seg)
+    return step.shape[-1], id(rotation)
 
 
 def cached_attention(
@@ -43,62 +98,96 @@ def cached_attention(
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv)."""
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     scale = resolve_scale(scale, q.shape[-1])
-    corrected = correction != "none" and any(seg.steps is not None for seg in segments)
+    corrected = correction != "none" and any(segment_has_steps(seg) for seg in segments)
     if corrected:
         augmented = augmented_inputs(q, k_cur, v_cur, segments, correction, scale, strength)
         if augmented is not None:
             q_aug, k_aug, v_pad = augmented
             return F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)[..., : v_cur.shape[-1]]
-    keys = torch.cat([seg.k.to(q.dtype) for seg in segments] + [k_cur], dim=-2)  # (B, H, K_total, D)
-    values = torch.cat([seg.v.to(v_cur.dtype) for seg in segments] + [v_cur], dim=-2)  # (B, H, K_total, Dv)
+    keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
     if not corrected:
         return F.scaled_dot_product_attention(q, keys, values, scale=scale)
     mask = exact_bias_mask(q, k_cur, segments, scale, strength)  # (B, H, Q, K_total): large-|x| exact
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
 
 
-def _step_kind(steps: GroupSteps) -> tuple[int, int]:
-    """Segments sharing group count and rotation object share augmented columns."""
-    return steps.step.shape[-1], id(steps.rotation)
+def stacked_inputs(
+    q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor, segments: Sequence[SegmentLike]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[cached..., current] keys (B, H, K_total, D) and values (B, H, K_total, Dv) in the shared workspace."""
+    batch, heads, _, dim = q.shape
+    dv = v_cur.shape[-1]
+    total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
+    flat = workspace(batch * heads * total * (dim + dv), q.device, q.dtype)
+    keys, values = carve(flat, (batch, heads, total, dim), (batch, heads, total, dv))
+    start = total - k_cur.shape[-2]
+    write_segments(segments, "k", keys[:, :, :start])
+    write_segments(segments, "v", values[:, :, :start])
+    keys[:, :, start:] = k_cur
+    values[:, :, start:] = v_cur
+    return keys, values
 
 
 def _bias_columns(
     q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float, strength: float
-) -> tuple[dict, Callable[[GroupSteps], torch.Tensor]] | None:
-    """Per step kind: query columns (B, H, Q, C_kind) pre-divided by -scale/strength, and a function giving
-    a segment's key columns (B, H, K_i, C_kind), so that scale * q_cols.k_cols = -strength * bias.
+) -> tuple[dict, Callable[[torch.Tensor, tuple, torch.Tensor], None]] | None:
+    """Per step kind: query columns (B, H, Q, C_kind) pre-divided by -scale/strength, and a function writing
+    key columns (B, H, K, C_kind) of token steps (B, H, K, G) into a view, so that
+    scale * q_cols.k_cols = -strength * bias.
 
     Taylor: C = G, q_cols ~ qn2, k_cols = step^2. Exact: the series form, C = G * N terms; None when
     some |x| may exceed SERIES_MAX_ARG (the caller then uses the elementwise bias as a mask).
     """
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    kinds: dict[tuple[int, int], list[GroupSteps]] = {}
+    kinds: dict[tuple[int, int], list[tuple[torch.Tensor, object]]] = {}
     for seg in segments:
-        if seg.steps is not None:
-            kinds.setdefault(_step_kind(seg.steps), []).append(seg.steps)
+        if segment_has_steps(seg):
+            kinds.setdefault(step_kind(seg), []).append(token_steps(seg))
     q_cols, key_params = {}, {}
     for kind, members in kinds.items():
-        groups = kind[0]
-        qb = bias_basis_query(q.to(work), members[0])  # (B, H, Q, D)
+        groups, rotation = kind[0], members[0][1]
+        qb = q.to(work) if rotation is None else rotation.apply(q.to(work))  # (B, H, Q, D) in the steps' basis
         if correction == "taylor":
             q_cols[kind] = -(strength * scale / 24.0) * query_group_sq_norms(qb, groups)  # (B, H, Q, G)
             continue
         q_max = qb.abs().amax()
-        bound = float(0.5 * scale * q_max * max(float(m.step.abs().amax()) for m in members))
+        bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
         terms = series_terms(bound)
         q_cols[kind] = -(strength / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)
 
-    def key_columns(steps: GroupSteps) -> torch.Tensor:
-        step = steps.step.to(work)  # (B, H, K_i, G)
+    def key_columns(step: torch.Tensor, kind: tuple, out: torch.Tensor) -> None:
+        """Write the key columns (B, H, K, C_kind) derived from token steps (B, H, K, G) into ``out``."""
         if correction == "taylor":
-            return step.square()
-        q_max, terms = key_params[_step_kind(steps)]
-        return exact_series_key_columns(step, scale, q_max, terms)
+            out.copy_(step)
+            out.square_()
+            return
+        q_max, terms = key_params[kind]
+        out.copy_(exact_series_key_columns(step.to(work), scale, q_max, terms))
 
     return q_cols, key_columns
+
+
+def _column_runs(segments: Sequence[SegmentLike]) -> list[tuple[int, int, tuple, torch.Tensor]]:
+    """(start, end, kind, token steps (B, H, end - start, G)) for each run of consecutive step-carrying
+    segments of one kind, their steps concatenated (one write per run instead of one per chunk)."""
+    runs, start, current = [], 0, None
+    for seg in segments:
+        n = segment_shape(seg, "k")[2]
+        kind = step_kind(seg) if segment_has_steps(seg) else None
+        if kind is not None and current is not None and current[2] == kind and current[1] == start:
+            current[1] = start + n
+            current[3].append(token_steps(seg)[0])
+        else:
+            if current is not None:
+                runs.append(current)
+            current = [start, start + n, kind, [token_steps(seg)[0]]] if kind is not None else None
+        start += n
+    if current is not None:
+        runs.append(current)
+    return [(a, b, kind, steps[0] if len(steps) == 1 else torch.cat(steps, dim=2)) for a, b, kind, steps in runs]
 
 
 def augmented_inputs(
@@ -110,13 +199,14 @@ def augmented_inputs(
     scale: float,
     strength: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """q_aug (B, H, Q, E), k_aug (B, H, K_total, E), v_pad (B, H, K_total, E) with E = max(D + C, Dv).
+    """q_aug (B, H, Q, E), k_aug (B, H, K_total, E), v_pad (B, H, K_total, E) with E = max(D + C, Dv),
+    views of the shared workspace (valid until the next attention call).
 
     scale * q_aug.k_aug = scale*q.k - b: C extra columns (per (G, rotation) kind of step-carrying
     segment: G for Taylor, G x series terms for exact) hold the bias's query and key factors; zeros for
     the current chunk and unquantized segments. Values are zero-padded to the same width because CPU
     SDPA's flash kernel needs E == Ev (otherwise it falls back to materialised (Q, K) scores, ~2x
-    slower); the caller slices the output back to Dv. Each tensor is built in one preallocated buffer.
+    slower); the caller slices the output back to Dv.
     None when the exact bias has no column form for these inputs.
     """
     columns = _bias_columns(q, segments, correction, scale, strength)
@@ -130,26 +220,56 @@ def augmented_inputs(
         offsets[kind] = dim + extra
         extra += cols.shape[-1]
     width = max(dim + extra, dv)
-    total = sum(seg.k.shape[-2] for seg in segments) + k_cur.shape[-2]
-    k_aug = q.new_zeros(batch, heads, total, width)  # (B, H, K_total, E): [k, bias key columns]
-    v_pad = q.new_zeros(batch, heads, total, width)  # (B, H, K_total, E): [v, zeros]
-    start = 0
-    for seg in segments:
-        n = seg.k.shape[-2]
-        k_aug[:, :, start : start + n, :dim] = seg.k
-        v_pad[:, :, start : start + n, :dv] = seg.v
-        if seg.steps is not None:
-            cols = key_columns(seg.steps)  # (B, H, K_i, C_kind)
-            col = offsets[_step_kind(seg.steps)]
-            k_aug[:, :, start : start + n, col : col + cols.shape[-1]] = cols
-        start += n
+    total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
+    flat = workspace(batch * heads * (2 * total + n_q) * width, q.device, q.dtype)
+    k_aug, v_pad, q_aug = carve(flat, (batch, heads, total, width), (batch, heads, total, width),
+                                (batch, heads, n_q, width))  # [k, bias key columns], [v, zeros], [q, bias query columns]
+    start = total - k_cur.shape[-2]
+    write_segments(segments, "k", k_aug[:, :, :start, :dim])
+    write_segments(segments, "v", v_pad[:, :, :start, :dv])
+    k_aug[..., dim:] = 0
+    v_pad[..., dv:] = 0
+    for first, end, kind, step in _column_runs(segments):
+        col = offsets[kind]
+        key_columns(step, kind, k_aug[:, :, first:end, col : col + q_cols[kind].shape[-1]])
     k_aug[:, :, start:, :dim] = k_cur
     v_pad[:, :, start:, :dv] = v_cur
-    q_aug = q.new_zeros(batch, heads, n_q, width)  # (B, H, Q, E)
     q_aug[..., :dim] = q
+    q_aug[..., dim:] = 0
     for kind, cols in q_cols.items():
         q_aug[..., offsets[kind] : offsets[kind] + cols.shape[-1]] = cols
     return q_aug, k_aug, v_pad
+
+
+def bias_column_tables(
+    q: torch.Tensor,
+    k_cur: torch.Tensor,
+    segments: Sequence[SegmentLike],
+    correction: str,
+    scale: float,
+    strength: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Only the bias's factors: q_coef (B, H, Q, C) and k_cols (B, H, K_total, C) with
+    strength * bias = q_coef . k_cols on cached step-carrying keys (k_cols zero elsewhere), C the bias
+    columns of every step kind. None when the exact bias has no column form for these inputs."""
+    columns = _bias_columns(q, segments, correction, scale, strength)
+    if columns is None:
+        return None
+    q_cols, key_columns = columns
+    offsets, width = {}, 0
+    for kind, cols in q_cols.items():
+        offsets[kind] = width
+        width += cols.shape[-1]
+    batch, heads, n_q, _ = q.shape
+    total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
+    work = q_cols[next(iter(q_cols))].dtype
+    k_cols = q.new_zeros(batch, heads, total, width, dtype=work)  # (B, H, K_total, C)
+    q_coef = q.new_empty(batch, heads, n_q, width, dtype=work)  # (B, H, Q, C)
+    for first, end, kind, step in _column_runs(segments):
+        key_columns(step, kind, k_cols[:, :, first:end, offsets[kind] : offsets[kind] + q_cols[kind].shape[-1]])
+    for kind, cols in q_cols.items():
+        q_coef[..., offsets[kind] : offsets[kind] + cols.shape[-1]] = -scale * cols
+    return q_coef, k_cols
 
 
 def exact_bias_mask(
@@ -162,8 +282,8 @@ def exact_bias_mask(
     """Additive mask (B, H, Q, K_total) in q's dtype: -exact bias on step-carrying cached columns, else 0."""
     blocks = []
     for seg in segments:
-        if seg.steps is None:
-            blocks.append(q.new_zeros(*q.shape[:-1], seg.k.shape[-2]))  # (B, H, Q, K_i)
+        if not segment_has_steps(seg):
+            blocks.append(q.new_zeros(*q.shape[:-1], segment_shape(seg, "k")[2]))  # (B, H, Q, K_i)
         else:
             blocks.append(-group_bias(q, seg.steps, "exact", scale, strength).to(q.dtype))
     blocks.append(q.new_zeros(*q.shape[:-1], k_cur.shape[-2]))  # (B, H, Q, R): current chunk, no bias

@@ -1,11 +1,14 @@
 """GPU cached attention with FlexAttention: the Jensen bias as a ``score_mod``.
 
-Taylor: score_mod subtracts sum_j qcoef[b, h, q_idx, j] * step2[b, h, kv_idx, j] with captured
-qcoef = strength * scale^2/24 * qn2 (B, H, Q, C) and step2 (B, H, K_total, C) (zeros on the current
-chunk and on segments without steps), unrolled over the C columns when C <= ``max_unrolled``; wider
-(per-channel steps, C = D) uses the augmented-column form of ``cpu.augmented_inputs``.
-Exact: a captured (B, H, Q, K_total) bias table from ``group_bias``. No correction: plain flex.
-Compiled on CUDA (the eager path is unfused and O(Q K) memory); eager elsewhere, for tests.
+Keys and values are dequantized into the shared workspace (``attention.workspace``); only the bias's
+factors are built besides: q_coef (B, H, Q, C) and k_cols (B, H, K_total, C) from
+``cpu.bias_column_tables`` (Taylor: C = G columns, strength * scale^2/24 * qn2 and step^2; exact:
+the series form, G x terms columns), zeros on the current chunk and on segments without steps. The
+score_mod subtracts sum_c q_coef[b, h, q_idx, c] * k_cols[b, h, kv_idx, c], unrolled over the C
+columns when C <= ``max_unrolled``. Wider (per-channel steps, C = D; long series) folds the columns
+into q and k (``cpu.augmented_inputs``), and an exact bias outside the series' range becomes a
+captured (B, H, Q, K_total) table. Compiled on CUDA (the eager path is unfused and O(Q K) memory);
+eager elsewhere, for tests.
 """
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
-from jensenkv.attention.cpu import augmented_inputs, exact_bias_mask
+from jensenkv.attention._inputs import SegmentLike, resolve_scale, segment_has_steps, validate_attention_inputs
+from jensenkv.attention.cpu import augmented_inputs, bias_column_tables, exact_bias_mask, stacked_inputs
 
 _compiled_flex: Callable | None = None
 
@@ -49,31 +52,29 @@ def flex_cached_attention(
         raise ValueError(f"max_unrolled={max_unrolled} is not allowed: it must be >= 1")
     scale = resolve_scale(scale, q.shape[-1])
     attend = _flex(q.is_cuda if compile_kernel is None else compile_kernel)
-    keys = torch.cat([seg.k.to(q.dtype) for seg in segments] + [k_cur], dim=-2)  # (B, H, K_total, D)
-    values = torch.cat([seg.v.to(v_cur.dtype) for seg in segments] + [v_cur], dim=-2)  # (B, H, K_total, Dv)
-    if correction == "none" or all(seg.steps is None for seg in segments):
+    if correction == "none" or not any(segment_has_steps(seg) for seg in segments):
+        keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
         return attend(q, keys, values, scale=scale)
-    if correction == "exact":
+    tables = bias_column_tables(q.float(), k_cur, segments, correction, scale, strength)
+    if tables is None:  # exact bias beyond the series' range: a captured table
         bias = -exact_bias_mask(q.float(), k_cur.float(), segments, scale, strength)  # (B, H, Q, K_total)
+        keys, values = stacked_inputs(q, k_cur, v_cur, segments)
 
-        def exact_mod(score, b, h, q_idx, kv_idx):
+        def table_mod(score, b, h, q_idx, kv_idx):
             return score - bias[b, h, q_idx, kv_idx]
 
-        return attend(q, keys, values, score_mod=exact_mod, scale=scale)
-    # taylor: reuse the augmented columns, either as columns or as captured tables
-    q_aug, k_aug, v_pad = augmented_inputs(q.float(), k_cur.float(), v_cur.float(), segments, "taylor", scale, strength)
-    dim, dv = q.shape[-1], v_cur.shape[-1]
-    if q_aug.shape[-1] - dim > max_unrolled:
-        out = attend(q_aug.to(q.dtype), k_aug.to(q.dtype), v_pad.to(v_cur.dtype), scale=scale)
-        return out[..., :dv]
-    qcoef = -scale * q_aug[..., dim:].contiguous()  # (B, H, Q, C): strength * scale^2/24 * qn2
-    step2 = k_aug[..., dim:].contiguous()  # (B, H, K_total, C): step^2, zeros where uncorrected
-    columns = qcoef.shape[-1]
+        return attend(q, keys, values, score_mod=table_mod, scale=scale)
+    q_coef, k_cols = tables  # (B, H, Q, C), (B, H, K_total, C)
+    columns = q_coef.shape[-1]
+    if columns > max_unrolled:
+        q_aug, k_aug, v_pad = augmented_inputs(q, k_cur, v_cur, segments, correction, scale, strength)
+        return attend(q_aug, k_aug, v_pad, scale=scale)[..., : v_cur.shape[-1]]
+    keys, values = stacked_inputs(q, k_cur, v_cur, segments)
 
-    def taylor_mod(score, b, h, q_idx, kv_idx):
-        bias = qcoef[b, h, q_idx, 0] * step2[b, h, kv_idx, 0]
-        for j in range(1, columns):
-            bias = bias + qcoef[b, h, q_idx, j] * step2[b, h, kv_idx, j]
+    def column_mod(score, b, h, q_idx, kv_idx):
+        bias = q_coef[b, h, q_idx, 0] * k_cols[b, h, kv_idx, 0]
+        for c in range(1, columns):
+            bias = bias + q_coef[b, h, q_idx, c] * k_cols[b, h, kv_idx, c]
         return score - bias
 
-    return attend(q, keys, values, score_mod=taylor_mod, scale=scale)
+    return attend(q, keys, values, score_mod=column_mod, scale=scale)

@@ -1,10 +1,9 @@
-"""Performance benchmarks behind `make bench` (scripts/bench.py): timing helpers, one module per benchmark.
+"""Performance benchmarks behind `make bench` (scripts/bench.py -> results/bench.{csv,md}).
 
-- timing: interleaved repetitions, medians, paired ratios
-- cache_bytes: measured bytes per cached token vs BF16 and vs theory
-- quantize_throughput: quantize-on-commit speed
-- attention_overhead: cost of the Jensen correction on the CPU attention path
-- end_to_end / tiny_e2e: generation time of the built-in model per cache configuration
-- gpu: the flex path on CUDA (skipped without a GPU)
-- suite: what `make bench` runs; report: bench.csv / bench.md
+- timing: interleaved, paired repetitions (median and IQR of per-repetition ratios)
+- presets: cache settings composed from configs/quant/*.yaml, so a label means what a run means
+- memory: held memory of a multi-layer cache and the peak memory of a whole generation, each measured
+  in a fresh process (RSS with a fixed malloc mmap threshold, and live tensor bytes)
+- subjects: the built-in model and a long-context random SkyReels-V2 configuration
+- suite: the benchmarks themselves and the report
 """

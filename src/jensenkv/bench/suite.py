@@ -1,220 +1,270 @@
-"""The benchmark suite behind `make bench`: what is measured at which sizes, and the report it writes.
+"""The benchmarks of `make bench` and the report they write (results/bench.csv and results/bench.md).
 
-``full_plan()`` is sized to finish within 15 minutes on 2 CPU cores; ``quick_plan()`` is a smoke run of
-a few seconds with the same code paths (used by the tests).
+Every number is measured side by side in one run: timings interleave the compared variants within each
+repetition (``timing``), memory is measured in fresh processes (``memory``). A row is
+(benchmark, config, value, unit, iqr, repeats); a timing ratio's value is the median of the paired
+per-repetition ratios and iqr their interquartile range, in CPU time (unit "ratio") and in wall time
+(unit "ratio (wall)"); the targets read the CPU-time rows, which other tenants of a shared machine
+perturb far less than the wall clock.
 """
 from __future__ import annotations
 
 import os
+import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from jensenkv.bench.attention_overhead import AttentionShape, correction_overhead_rows
-from jensenkv.bench.cache_bytes import ChunkShape, cache_bytes_rows
-from jensenkv.bench.machine import machine_info
-from jensenkv.bench.quantize_throughput import commit_timings, quantize_throughput_rows
-from jensenkv.bench.report import write_csv, write_markdown
-from jensenkv.bench.rows import BenchRow
+from jensenkv.bench.memory import LAYER_SHAPE, measure
+from jensenkv.bench.presets import label, preset
+from jensenkv.bench.timing import paired_ratio, time_interleaved
+from jensenkv.tracking import atomic_write
 
-BYTES_CONFIGS = [
-    "bf16",
-    "rtn-int2-g32",
-    "rtn-int2-g64",
-    "rtn-int2-g128",
-    "rtn-int4-g32",
-    "rtn-int4-g64",
-    "rtn-int4-g128",
-    "kivi-int2-g32",
-    "qvg-int2",
-]
-BENCHMARKS = ("cache_bytes", "quantize", "attention", "e2e", "gpu")
-DESCRIPTIONS = {
-    "cache_bytes_per_token": "Measured bytes per cached token (one layer, all heads) = nbytes / tokens; "
-    "`theory` from the bits-per-element formula. `K` = keys only, `K+V` = keys and values.",
-    "cache_bytes_ratio": "Measured bytes per token over BF16's (2 bytes x head_dim per head and tensor); "
-    "`theory` = theoretical bits per element / 16.",
-    "commit_time": "Seconds of ChunkedKVCache.commit(k, v) for one chunk (K and V quantized).",
-    "quantize_throughput": "Quantize-on-commit throughput: tokens of one layer (all heads, K and V) per second, "
-    "and GB/s of float32 K+V input.",
-    "attention_time": "Seconds per jensenkv.attention.cached_attention call (CPU, float32) over the current chunk "
-    "and the quantized cache segments; config = cache quantizer + correction.",
-    "correction_overhead_ratio": "Attention time with the correction over without it, same inputs, interleaved. "
-    "`overall` = median over shapes. `exact` runs on the shapes up to 2^27 scores (H x Q x (K + Q)) only; "
-    "`exact-fallback` times the exact bias's elementwise form (inputs with outlier channels) at a tiny shape.",
-    "e2e_time": "Seconds per generated video (generate_video) of the built-in model per cache configuration; "
-    "`bf16` = keys and values stored in bfloat16, unquantized.",
-    "e2e_time_ratio": "End-to-end generation time over the BF16 (full-precision) cache's, interleaved.",
-    "commit_quantize_share": "Share of the chunks' generation time spent quantizing on commit "
-    "(generate_video timings: quantize_s / sum of per-chunk seconds; dequantization is not included).",
-    "gpu_attention_time": "Seconds per flex_cached_attention call on CUDA (bf16).",
-    "gpu_correction_overhead_ratio": "GPU attention time with the correction over without it.",
-}
+BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
+              "correction_overhead_ratio", "e2e_time_ratio")
+COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats")
+INT2 = {"bits": 2, "group_size": 32}
+BYTES_PRESETS = (("bf16", {}), ("rtn", INT2), ("rtn", {"bits": 4, "group_size": 32}), ("kivi", INT2),
+                 ("quarot", INT2), ("qvg", INT2))
+MIB = float(1 << 20)
 
 
 @dataclass(frozen=True)
-class BenchPlan:
-    """Sizes and repetition counts of one suite run."""
+class Plan:
+    """Sizes and repetitions of one run (``quick``: a smoke run whose numbers mean nothing)."""
 
-    attention_shapes: list[AttentionShape]
-    attention_repeats: int
-    bytes_shape: ChunkShape
-    throughput_shape: ChunkShape
-    throughput_repeats: int
-    e2e_repeats: int
-    e2e_quick: bool  # fewer chunks / steps of the built-in model
-    exact_max_scores: int = 1 << 27  # "exact" is timed only on shapes with at most this many scores
-    fallback_shapes: tuple[AttentionShape, ...] = ()  # the exact bias's elementwise form, on outlier inputs
-    bytes_configs: list[str] = field(default_factory=lambda: list(BYTES_CONFIGS))
-    throughput_configs: list[str] = field(default_factory=lambda: list(BYTES_CONFIGS))
-    warmup: int = 1
+    quick: bool = False
+    repeats: int = 7
+    e2e_repeats: int = 5
+    long_repeats: int = 3
+    bytes_shape: tuple[int, int, int, int] = LAYER_SHAPE
+    held: tuple[str, ...] = ()  # extra arguments of `python -m jensenkv.bench.memory held`
+    overhead_shapes: tuple[tuple[int, int, int], ...] = ((4, 1024, 4096), (4, 1024, 16384), (4, 2048, 8192),
+                                                          (4, 4096, 16384))  # (heads, queries, cached)
+    exact_max_scores: int = 1 << 27
+    notes: list[str] = field(default_factory=list)
 
 
-def full_plan() -> BenchPlan:
-    """Realistic shapes: head dim 128, 4 heads, 1k-4k queries per chunk, 4k-32k cached tokens."""
-    grid = [(1024, 4096), (1024, 16384), (2048, 8192), (2048, 32768), (4096, 16384), (4096, 32768)]
-    return BenchPlan(
-        attention_shapes=[AttentionShape(heads=4, queries=q, cached=k) for q, k in grid],
-        attention_repeats=5,
-        bytes_shape=ChunkShape(batch=1, heads=12, tokens=4680, head_dim=128),
-        throughput_shape=ChunkShape(batch=1, heads=12, tokens=4680, head_dim=128),
-        throughput_repeats=5,
-        e2e_repeats=5,
-        e2e_quick=False,
-        fallback_shapes=(AttentionShape(heads=1, queries=256, cached=1024),),
-    )
+def quick_plan() -> Plan:
+    return Plan(quick=True, repeats=2, e2e_repeats=2, long_repeats=1, bytes_shape=(1, 2, 256, 128),
+                held=("--layers", "2", "--commits", "2", "--shape", "1", "2", "256", "128", "--queries", "32"),
+                overhead_shapes=((2, 64, 256), (2, 128, 512)))
 
 
-def quick_plan() -> BenchPlan:
-    """Tiny shapes, 2 repetitions: exercises every code path in seconds (numbers are not meaningful)."""
-    return BenchPlan(
-        attention_shapes=[AttentionShape(heads=2, queries=64, cached=256),
-                          AttentionShape(heads=2, queries=128, cached=256)],
-        attention_repeats=2,
-        bytes_shape=ChunkShape(batch=1, heads=2, tokens=512, head_dim=128),
-        throughput_shape=ChunkShape(batch=1, heads=2, tokens=512, head_dim=128),
-        throughput_repeats=2,
-        e2e_repeats=2,
-        e2e_quick=True,
-        fallback_shapes=(AttentionShape(heads=1, queries=16, cached=64),),
-    )
+def row(benchmark: str, config: str, value: float, unit: str, iqr: float = float("nan"), repeats: int = 1) -> dict:
+    return {"benchmark": benchmark, "config": config, "value": float(value), "unit": unit, "iqr": iqr,
+            "repeats": repeats}
 
 
 def _log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _lookup(rows: list[BenchRow], benchmark: str, config: str, shape: str | None = None) -> BenchRow | None:
-    for r in rows:
-        if r.benchmark == benchmark and r.config == config and (shape is None or r.shape == shape):
-            return r
-    return None
+def cache_bytes_rows(plan: Plan) -> list[dict]:
+    """Stored bytes of one committed chunk (K and V) over the same tokens in BF16, per preset."""
+    from jensenkv.cache import ChunkedKVCache
+
+    gen = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(*plan.bytes_shape, generator=gen) for _ in range(2))  # (B, H, S, D)
+    rows = []
+    for quant, overrides in BYTES_PRESETS:
+        cache = ChunkedKVCache(preset(quant, plan.bytes_shape[-1], **overrides), plan.bytes_shape[-1])
+        with torch.inference_mode():
+            cache.commit(k, v)
+        rows.append(row("cache_bytes_ratio", f"{label(quant, **overrides)} {_shape(plan.bytes_shape)}",
+                        cache.nbytes / cache.bf16_nbytes, "ratio"))
+    return rows
 
 
-def targets(rows: list[BenchRow]) -> list[tuple[str, str]]:
-    """(target, measured verdict) lines for the report; a target whose benchmark did not run says so."""
-    out: list[tuple[str, str]] = []
-    missing = "not measured in this run"
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "MISSED"
-
-    taylor = _lookup(rows, "correction_overhead_ratio", "taylor", "overall")
-    out.append(("attention with Taylor correction / without (CPU, median over shapes) <= 1.03",
-                missing if taylor is None else f"{taylor.value:.3f} ({verdict(taylor.value <= 1.03)})"))
-    exact = _lookup(rows, "correction_overhead_ratio", "exact", "overall")
-    if exact is not None:
-        out.append(("attention with exact correction / without (CPU, median over shapes), no target",
-                    f"{exact.value:.3f}"))
-    byte_rows = [r for r in rows if r.benchmark == "cache_bytes_ratio"]
-    if not byte_rows:
-        out.append(("measured cache bytes within 1% of theory; INT2 g=32 <= 2.75/16 of BF16", missing))
-    else:
-        worst = max(byte_rows, key=lambda r: abs(r.value / r.theory - 1))
-        dev = abs(worst.value / worst.theory - 1)
-        out.append(("measured cache bytes within 1% of theory (every config, K and K+V)",
-                    f"worst {100 * dev:.2f}% ({worst.config}, {worst.shape.split()[0]}) ({verdict(dev <= 0.01)})"))
-        for r in byte_rows:
-            if r.config == "rtn-int2-g32":
-                out.append((f"INT2 g=32 cache <= 2.75/16 = {2.75 / 16:.4f} of BF16 ({r.shape.split()[0]})",
-                            f"{r.value:.4f} ({verdict(r.value <= 2.75 / 16 + 1e-12)})"))
-    e2e = _lookup(rows, "e2e_time_ratio", "rtn-int2-g32+taylor")
-    out.append(("end-to-end INT2 + Taylor / BF16 (built-in model) <= 1.10",
-                missing if e2e is None else f"{e2e.value:.3f} ({verdict(e2e.value <= 1.10)})"))
-    return out
+def held_memory_rows(plan: Plan) -> list[dict]:
+    result = measure("held", *plan.held)
+    stored = result["stored"]
+    config = "rtn bits=2 group_size=32 + taylor, 8 layers x 6 chunks of (1, 12, 4680, 128)" if not plan.held \
+        else "rtn bits=2 group_size=32 + taylor, " + " ".join(plan.held)
+    plan.notes.append(f"held memory: stored {stored / MIB:.1f} MiB, one layer's workspace "
+                      f"{result['workspace'] / MIB:.1f} MiB (target <= 1.25 + {result['workspace'] / stored:.3f})")
+    return [row("held_memory_ratio", f"{config}: RSS growth / stored", result["rss_growth"] / stored, "ratio"),
+            row("held_memory_ratio", f"{config}: live tensor bytes / stored", result["live"] / stored, "ratio"),
+            row("held_memory_ratio", f"{config}: target", 1.25 + result["workspace"] / stored, "ratio")]
 
 
-def run_suite(
-    plan: BenchPlan,
-    out_dir: Path,
-    only: tuple[str, ...] = BENCHMARKS,
-    gpu: bool = False,
-) -> list[BenchRow]:
-    """Run the selected benchmarks, write ``bench.csv`` and ``bench.md`` into ``out_dir``, return the rows."""
+def generation_rows(plan: Plan) -> list[dict]:
+    quick = ("--quick",) if plan.quick else ()
+    bf16, int2 = measure("generation", "bf16", *quick), measure("generation", "int2", *quick)
+    saving = (bf16["peak"] - int2["peak"]) / bf16["stored"]
+    config = "long-context SkyReels-V2 (random), INT2 g=32 + taylor vs BF16"
+    return [row("generation_peak_memory_saving", f"{config}: (peak BF16 - peak INT2) / BF16 cache", saving,
+                "fraction"),
+            row("generation_peak_memory_saving", f"{config}: peak BF16", bf16["peak"] / MIB, "MiB"),
+            row("generation_peak_memory_saving", f"{config}: peak INT2", int2["peak"] / MIB, "MiB"),
+            row("generation_peak_memory_saving", f"{config}: BF16 cache", bf16["stored"] / MIB, "MiB")]
+
+
+def _overhead_inputs(heads: int, queries: int, cached: int):
+    from jensenkv.cache import ChunkedKVCache
+
+    gen = torch.Generator().manual_seed(0)
+    cache = ChunkedKVCache(preset("rtn", 128, **INT2), 128)
+    filled = 0
+    while filled < cached:
+        n = min(queries, cached - filled)
+        cache.commit(torch.randn(1, heads, n, 128, generator=gen), torch.randn(1, heads, n, 128, generator=gen))
+        filled += n
+    q, k, v = (torch.randn(1, heads, queries, 128, generator=gen) for _ in range(3))  # (1, H, Q, D)
+    return cache, q, k, v
+
+
+def correction_overhead_rows(plan: Plan) -> list[dict]:
+    """cached_attention with Taylor / exact over without (INT2 g=32 cache, dequantized per call as in a run),
+    plus the floor of the column method: SDPA on inputs G columns wider, nothing else."""
+    import torch.nn.functional as F
+
+    from jensenkv.attention import cached_attention
+
+    rows, per_shape = [], {"taylor": [], "exact": []}
+    for heads, queries, cached in plan.overhead_shapes:
+        cache, q, k, v = _overhead_inputs(heads, queries, cached)
+        corrections = ("taylor", "exact") if heads * queries * (cached + queries) <= plan.exact_max_scores \
+            else ("taylor",)
+        keys = torch.randn(1, heads, cached + queries, 128)  # (1, H, K_total, D)
+        wide = F.pad(keys, (0, 4))  # (1, H, K_total, D + G): the Taylor columns at g = 32
+        q_wide = F.pad(q, (0, 4))
+
+        def call(correction: str):
+            def run() -> None:
+                with torch.inference_mode():
+                    cached_attention(q, k, v, cache.segments(), correction=correction)
+            return run
+
+        variants = {c: call(c) for c in ("none", *corrections)}
+        variants["sdpa D"] = lambda: F.scaled_dot_product_attention(q, keys, keys)
+        variants["sdpa D+G"] = lambda: F.scaled_dot_product_attention(q_wide, wide, wide)
+        wall, cpu = time_interleaved(variants, plan.repeats)
+        shape = f"H{heads} Q{queries} K{cached}"
+        pairs = [(c, "none", f"{c} / none") for c in corrections] + [("sdpa D+G", "sdpa D", "column floor (SDPA D+G / D)")]
+        for num, den, what in pairs:
+            for samples, unit in ((cpu, "ratio"), (wall, "ratio (wall)")):
+                median, iqr = paired_ratio(samples[num], samples[den])
+                rows.append(row("correction_overhead_ratio", f"{what}, {shape}", median, unit, iqr, plan.repeats))
+                if unit == "ratio" and num in per_shape:
+                    per_shape[num].append(median)
+        _log(f"overhead {shape}: " + ", ".join(f"{r['config'].split(',')[0]} {r['value']:.3f}"
+                                               for r in rows[-2 * len(pairs):] if r["unit"] == "ratio"))
+    for c, values in per_shape.items():
+        if values:
+            rows.append(row("correction_overhead_ratio", f"{c} / none, median over shapes", statistics.median(values),
+                            "ratio", repeats=len(values)))
+            rows.append(row("correction_overhead_ratio", f"{c} / none, worst shape", max(values), "ratio",
+                            repeats=len(values)))
+    return rows
+
+
+def e2e_rows(plan: Plan) -> list[dict]:
+    """Generation time with an INT2 g=32 + Taylor cache over a BF16 cache, built-in and long-context models."""
+    from jensenkv.bench.subjects import LONG_CONTEXT, LONG_FRAME, PROMPT, describe, long_context_adapter, tiny_adapter
+    from jensenkv.generate import generate_video
+
+    rows = []
+    for name, build, repeats, warmup in (("built-in model", tiny_adapter, plan.e2e_repeats, 1),
+                                         ("long-context", long_context_adapter, plan.long_repeats, 0)):
+        head_dim = 128 if build is tiny_adapter else LONG_CONTEXT["attention_head_dim"]
+        bf16, generation = build(preset("bf16", head_dim), "none", quick=plan.quick)
+        int2, _ = build(preset("rtn", head_dim, **INT2), "taylor", quick=plan.quick)
+
+        def run(adapter):
+            def call() -> None:
+                with torch.inference_mode():
+                    generate_video(adapter, PROMPT, 0, generation)
+            return call
+
+        wall, cpu = time_interleaved({"bf16": run(bf16), "int2": run(int2)}, repeats, warmup)
+        what = f"{name} ({describe(generation, LONG_FRAME, LONG_CONTEXT['patch_size'])})" \
+            if build is long_context_adapter and not plan.quick else name
+        for samples, unit in ((cpu, "ratio"), (wall, "ratio (wall)")):
+            median, iqr = paired_ratio(samples["int2"], samples["bf16"])
+            rows.append(row("e2e_time_ratio", f"INT2 g=32 + taylor / BF16, {what}", median, unit, iqr, repeats))
+        _log(f"e2e {name}: {rows[-2]['value']:.3f} CPU, {rows[-1]['value']:.3f} wall "
+             f"(BF16 median {statistics.median(wall['bf16']):.2f} s wall)")
+    return rows
+
+
+RUNNERS = {"cache_bytes_ratio": cache_bytes_rows, "held_memory_ratio": held_memory_rows,
+           "generation_peak_memory_saving": generation_rows, "correction_overhead_ratio": correction_overhead_rows,
+           "e2e_time_ratio": e2e_rows}
+# (benchmark, config prefix, comparison, bound or target row, description)
+TARGETS = (
+    ("held_memory_ratio", "RSS growth / stored", "<=", "target", "RSS growth of the cache / stored bytes"),
+    ("held_memory_ratio", "live tensor bytes / stored", "<=", "target", "live tensor bytes / stored bytes"),
+    ("generation_peak_memory_saving", "(peak BF16", ">=", 0.60, "INT2 peak below BF16 peak, share of BF16 cache"),
+    ("correction_overhead_ratio", "taylor / none, median", "<=", 1.035, "Taylor overhead, median over shapes"),
+    ("correction_overhead_ratio", "taylor / none, worst", "<=", 1.05, "Taylor overhead, worst shape"),
+    ("correction_overhead_ratio", "exact / none, median", "<=", 1.10, "exact overhead, median over shapes"),
+    ("e2e_time_ratio", "INT2 g=32 + taylor / BF16, built-in", "<=", 1.10, "end to end, built-in model"),
+    ("e2e_time_ratio", "INT2 g=32 + taylor / BF16, long-context", "<=", 1.05, "end to end, long-context"),
+)
+
+
+def target_lines(frame: pd.DataFrame) -> list[str]:
+    """One line per target: the measured value, the bound and met / missed."""
+    lines = []
+    for benchmark, prefix, op, bound, text in TARGETS:
+        rows = frame[(frame.benchmark == benchmark) & frame.config.str.contains(prefix, regex=False)
+                     & (frame.unit != "ratio (wall)")]
+        if rows.empty:
+            lines.append(f"| {text} | not measured | {op} {bound} | |")
+            continue
+        value = rows.value.iloc[0]
+        if bound == "target":
+            bound = frame[(frame.benchmark == benchmark) & frame.config.str.endswith(": target")].value.iloc[0]
+        met = value <= bound if op == "<=" else value >= bound
+        lines.append(f"| {text} | {value:.3f} | {op} {bound:.3f} | {'met' if met else 'missed'} |")
+    return lines
+
+
+def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float) -> None:
+    """bench.csv (every row, full precision) and bench.md (targets, then one table per benchmark)."""
+    atomic_write(out_dir / "bench.csv", lambda f: f.write(frame.to_csv(index=False)), mode="w")
+    cpu = platform.processor() or platform.machine()
+    lines = ["# jensenkv benchmarks", "",
+             f"CPU {cpu}, {len(os.sched_getaffinity(0))} usable cores, torch {torch.__version__} with "
+             f"{torch.get_num_threads()} threads, GPU: "
+             f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}; wall time {seconds:.0f} s.",
+             "Timing ratios: median of paired, interleaved repetitions, with their interquartile range (iqr); "
+             "unit `ratio` is process CPU time (what the targets read), `ratio (wall)` wall clock.",
+             "Memory: measured in fresh processes with MALLOC_MMAP_THRESHOLD_=131072 (RSS), and as live tensor "
+             "bytes (cache tensors plus the shared attention workspace).", ""]
+    if plan.quick:
+        lines += ["Smoke run (`--quick`): tiny sizes, the numbers mean nothing.", ""]
+    lines += ["## Targets", "", "| target | measured | bound | |", "|---|---|---|---|", *target_lines(frame)]
+    for benchmark, group in frame.groupby("benchmark", sort=False):
+        shown = group.drop(columns="benchmark").copy()
+        lines += ["", f"## {benchmark}", "", shown.to_markdown(index=False, floatfmt=".4g")]
+    if plan.notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in plan.notes]]
+    atomic_write(out_dir / "bench.md", lambda f: f.write("\n".join(lines) + "\n"), mode="w")
+
+
+def run_suite(plan: Plan, out_dir: Path, only: tuple[str, ...] = BENCHMARKS) -> pd.DataFrame:
+    """Run the selected benchmarks, write bench.csv and bench.md into ``out_dir``, return the rows."""
     for name in only:
         if name not in BENCHMARKS:
             raise ValueError(f"only contains {name!r}: allowed are {BENCHMARKS}")
-    machine = machine_info()
-    notes: list[str] = []
-    rows: list[BenchRow] = []
     started = time.perf_counter()
-    if "cache_bytes" in only:
-        _log(f"cache bytes: {len(plan.bytes_configs)} configs at {plan.bytes_shape.label()}")
-        rows += cache_bytes_rows(plan.bytes_configs, plan.bytes_shape)
-    if "quantize" in only:
-        _log(f"quantize-on-commit: {len(plan.throughput_configs)} configs at {plan.throughput_shape.label()}")
-        timings = commit_timings(plan.throughput_configs, plan.throughput_shape, plan.throughput_repeats, plan.warmup)
-        rows += quantize_throughput_rows(plan.throughput_configs, plan.throughput_shape, timings)
-    if "attention" in only:
-        _log(f"correction overhead: {len(plan.attention_shapes)} shapes x {plan.attention_repeats} repeats")
-        rows += correction_overhead_rows(plan.attention_shapes, plan.attention_repeats, plan.warmup,
-                                         exact_max_scores=plan.exact_max_scores,
-                                         fallback_shapes=plan.fallback_shapes)
-    if "e2e" in only:
-        from jensenkv.bench.tiny_e2e import tiny_adapters
-        from jensenkv.bench.end_to_end import end_to_end_rows
+    rows: list[dict] = []
+    for name in BENCHMARKS:
+        if name in only:
+            _log(name)
+            rows += RUNNERS[name](plan)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    seconds = time.perf_counter() - started
+    write_report(frame, out_dir, plan, seconds)
+    _log(f"wrote {out_dir / 'bench.csv'} and {out_dir / 'bench.md'} ({len(rows)} rows, {seconds:.0f} s)")
+    return frame
 
-        adapters, baseline, prompt, generation, shape = tiny_adapters(plan.e2e_quick)
-        _log(f"end-to-end: {len(adapters)} variants x {plan.e2e_repeats} repeats ({shape})")
-        rows += end_to_end_rows(adapters, baseline, plan.e2e_repeats, prompt, generation=generation,
-                                warmup=plan.warmup, shape=shape)
-    if gpu and "gpu" in only:
-        from jensenkv.bench.gpu import gpu_overhead_rows, gpu_unavailable_reason
 
-        reason = gpu_unavailable_reason()
-        if reason is None:
-            _log("GPU flex path at Wan2.1-1.3B shapes")
-            rows += gpu_overhead_rows()
-        else:
-            notes.append(f"`--gpu` was given but the GPU benchmark was skipped: {reason}.")
-    if not any(r.benchmark.startswith("gpu_") for r in rows):
-        why = "it was run without `--gpu`" if torch.cuda.is_available() else "this machine has no CUDA device"
-        notes.append(
-            f"No GPU numbers: {why}. The GPU part (FlexAttention / Triton paths at "
-            "Wan2.1-1.3B and MAGI-1 shapes) comes back in a later issue; `scripts/bench.py --gpu` times "
-            "jensenkv.attention.flex_cached_attention where CUDA is available."
-        )
-    elapsed = time.perf_counter() - started
-    machine["load average (1/5/15 min, at end)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    machine["suite wall time"] = f"{elapsed:.0f} s"
-    notes += [
-        "Times are medians over interleaved repetitions (each repetition runs every compared variant once, "
-        "in a rotating order); a ratio's `value` is median(numerator) / median(denominator), its `median` "
-        "and `iqr` describe the per-repetition paired ratios.",
-        "Cache bytes are per token of one attention layer over all heads; `K` counts keys only, `K+V` keys "
-        "and values. BF16 = 2 bytes x head_dim per head and tensor. Theory = B + (16-bit step + 8-bit zero)/g "
-        "bits per element (KIVI: float16 zero points, so 32 bits per group; QVG adds its float16 centroids "
-        "and uint8 cluster ids per chunk).",
-        "Attention inputs are synthetic N(0, 1) (no outlier channels, so the exact bias takes its series "
-        "form), except the `exact-fallback` rows (4 channels x 8); the cached segments are rtn-int2-g32 keys "
-        "and values, dequantized once before timing.",
-    ]
-    if plan.e2e_quick:
-        notes.append("Quick smoke run (`--quick`): tiny sizes, numbers are not meaningful.")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out_dir / "bench.csv")
-    write_markdown(rows, out_dir / "bench.md", machine, targets(rows), notes, DESCRIPTIONS)
-    _log(f"wrote {out_dir / 'bench.csv'} and {out_dir / 'bench.md'} ({len(rows)} rows, {elapsed:.0f} s)")
-    return rows
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"

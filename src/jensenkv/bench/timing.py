@@ -1,54 +1,25 @@
-"""Wall-clock timing with interleaved repetitions, so that variants compared by a ratio see the same machine load.
+"""Interleaved timing: every repetition runs each compared variant once, in a rotating order.
 
 On a shared CPU the load drifts over seconds; timing variant A ten times and then variant B ten times
-turns that drift into a bias of the ratio. Here every repetition runs each variant once, in an order
-that rotates from one repetition to the next, and the ratio is taken between the medians.
+turns that drift into a bias of their ratio. Ratios are therefore taken per repetition (paired) and
+summarised by their median and interquartile range. Each call is timed twice: wall clock, and the CPU
+time of this process (all its threads), which other tenants' load perturbs far less.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Timing:
-    """The measured seconds of one variant, one entry per repetition (warm-up runs excluded)."""
-
-    samples: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-    @property
-    def iqr(self) -> float:
-        """Interquartile range (75th minus 25th percentile, linear interpolation)."""
-        q75, q25 = np.percentile(self.samples, [75, 25])
-        return float(q75 - q25)
-
-    @property
-    def repeats(self) -> int:
-        return len(self.samples)
-
-
-def time_once(fn: Callable[[], object]) -> float:
-    """Seconds one call of ``fn`` takes."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def time_interleaved(
     variants: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1
-) -> dict[str, Timing]:
-    """Time every variant ``repeats`` times, one call of each per repetition, after ``warmup`` untimed rounds.
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall, cpu): seconds per call of every variant, ``repeats`` each, after ``warmup`` untimed rounds.
 
-    The order of the variants rotates by one position each repetition, so no variant always runs
-    first (cold caches) or always right after the most expensive one.
+    The order rotates by one position each repetition, so no variant always runs first (cold caches)
+    or always right after the most expensive one.
     """
     if repeats < 1:
         raise ValueError(f"repeats={repeats} is not allowed: it must be >= 1")
@@ -60,19 +31,25 @@ def time_interleaved(
     for _ in range(warmup):
         for name in names:
             variants[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(repeats):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(time_once(variants[name]))
-    return {name: Timing(tuple(s)) for name, s in samples.items()}
+            start, start_cpu = time.perf_counter(), time.process_time()
+            variants[name]()
+            cpu[name].append(time.process_time() - start_cpu)
+            wall[name].append(time.perf_counter() - start)
+    return wall, cpu
 
 
-def paired_ratios(numerator: Timing, denominator: Timing) -> list[float]:
-    """Per-repetition ratios of two interleaved timings (repetition i of one against repetition i of the other)."""
-    if numerator.repeats != denominator.repeats:
+def paired_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
+    """(median, IQR) of the per-repetition ratios numerator[i] / denominator[i]."""
+    if len(numerator) != len(denominator) or not numerator:
         raise ValueError(
-            f"repeats differ: numerator has {numerator.repeats}, denominator {denominator.repeats}; "
-            "paired ratios need timings from one time_interleaved call"
+            f"numerator has {len(numerator)} samples and denominator {len(denominator)}: paired ratios need "
+            "the same non-zero number, from one time_interleaved call"
         )
-    return [a / b for a, b in zip(numerator.samples, denominator.samples)]
+    ratios = np.asarray(numerator) / np.asarray(denominator)
+    q25, q50, q75 = np.percentile(ratios, [25, 50, 75])
+    return float(q50), float(q75 - q25)

@@ -181,6 +181,21 @@ class RTNTensor(QuantizedTensor):
         """(B, H, S, G) float32 steps: each token's step per channel group (rotated basis)."""
         return self.layout.to_tokens(self.step.float()).contiguous()
 
+    def code_zero(self) -> torch.Tensor:
+        """(b, h, S_groups, D_groups) float32 zero in code units, whatever the convention: x_hat = (code - z) * step.
+
+        What fused dequantizers (the attention workspace, the Triton kernel) read. Dithered tensors have no
+        per-group form (the offset is per element): they raise, and callers use ``dequantize()``."""
+        if self.dither is not None:
+            raise ValueError("a dithered tensor has no per-group zero: its offset is per element; use dequantize()")
+        if self.zero is None:  # symmetric: codes are stored shifted by 2^(B-1)
+            return torch.full_like(self.step, float(1 << (self.bits - 1)), dtype=torch.float32)
+        if self.zero_point == "min_aligned":  # x_hat = code * step + min
+            return -self.zero.float() / self.step.float()
+        if self.zero_point == "fixed_point":
+            return self.zero.float() / (1 << fixed_point_frac_bits(self.bits))
+        return self.zero.float() + zero_offset(self.zero.dtype, self.bits)
+
     def group_steps(self) -> GroupSteps:
         """The stored steps: every convention here (integer, min-aligned, fixed-point zero, symmetric, dithered)
         keeps |error| <= step / 2, and with dither the error is exactly U(-step/2, step/2)."""

@@ -64,24 +64,13 @@ class MagiLayerCaches:
 
     def reset(self) -> None:
         self.caches = [ChunkedKVCache(self.cache_config, self.head_dim) for _ in range(self.num_layers)]
-        self._expanded: list[dict[int, tuple[CacheSegment, CacheSegment]]] = [{} for _ in range(self.num_layers)]
         self.probe_records: list[dict] = []
         self.quantize_seconds = 0.0
 
     def segments(self, layer: int) -> list[CacheSegment]:
-        """Layer's visible cached chunks, GQA-expanded once per chunk (a compute memo, not cache storage)."""
-        memo = self._expanded[layer]
-        out = []
-        live = set()
-        for seg in self.caches[layer].segments():
-            key = id(seg)
-            live.add(key)
-            if key not in memo or memo[key][0] is not seg:
-                memo[key] = (seg, expand_segment(seg, self.groups))
-            out.append(memo[key][1])
-        for key in set(memo) - live:
-            del memo[key]
-        return out
+        """Layer's visible cached chunks, GQA-expanded to the query heads for this call only: the cache keeps
+        the KV heads' stored form, the expanded copies live as long as the attention call that reads them."""
+        return [expand_segment(seg, self.groups) for seg in self.caches[layer].segments()]
 
     def attention_fn(self) -> Callable[..., torch.Tensor]:
         return get_backend(self.attention.backend)  # looked up per call: registered kernels (and test spies) apply
