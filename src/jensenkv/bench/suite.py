@@ -31,6 +31,7 @@ INT2 = {"bits": 2, "group_size": 32}
 BYTES_PRESETS = (("bf16", {}), ("rtn", INT2), ("rtn", {"bits": 4, "group_size": 32}), ("kivi", INT2),
                  ("quarot", INT2), ("qvg", INT2))
 MIB = float(1 << 20)
+QVG_PAPER_SPAN = 49_920  # tokens QVG clusters together in its paper's setting (d = 128): 7.05x / 5.20x
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,25 @@ def cache_bytes_rows(plan: Plan) -> list[dict]:
             cache.commit(k, v)
         rows.append(row("cache_bytes_ratio", f"{label(quant, **overrides)} {_shape(plan.bytes_shape)}",
                         cache.nbytes / cache.bf16_nbytes, "ratio"))
+    rows += qvg_paper_span_rows(plan)
+    return rows
+
+
+def qvg_paper_span_rows(plan: Plan) -> list[dict]:
+    """QVG and QVG-Pro as published (configs/quant/qvg*.yaml) over one span of the paper's 49,920 tokens:
+    real stored bytes of a quantized (1, 1, S, 128) tensor against BF16 (quick: 4,096 tokens)."""
+    from jensenkv.quant import make_quantizer
+
+    span = 4096 if plan.quick else QVG_PAPER_SPAN
+    x = torch.randn(1, 1, span, 128, generator=torch.Generator().manual_seed(0))  # (B, H, S, D)
+    rows = []
+    for quant in ("qvg", "qvg_pro"):
+        key = preset(quant, 128, qvg_span=span).key
+        with torch.inference_mode():
+            stored = make_quantizer(key, 128).quantize(x)
+        ratio = stored.nbytes / (x.numel() * 2)
+        rows.append(row("cache_bytes_ratio", f"{quant}-paper-span (S={span}, d=128)", ratio, "ratio"))
+        rows.append(row("cache_bytes_ratio", f"{quant}-paper-span (S={span}, d=128)", 1 / ratio, "x compression"))
     return rows
 
 
