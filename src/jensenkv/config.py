@@ -38,8 +38,6 @@ T_SCHEDULES = ("sd3", "square", "identity")  # MAGI-1 time schedules
 MODEL_DTYPES = tuple(FLOAT_DTYPES)
 VALUES_MODES = ("same", "none")
 METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content")
-LPIPS_NETS = ("alex", "vgg", "squeeze")
-WANDB_MODES = ("offline", "online", "disabled")
 # Model fields each kind reads; a kind refuses a value for a field it does not read.
 KIND_FIELDS = {
     "tiny": ("weights_dir",),
@@ -407,7 +405,9 @@ class LpipsConfig:
     net: str = "alex"  # alex (the LPIPS default) | vgg | squeeze; needs the torchvision backbone file
 
     def __post_init__(self) -> None:
-        check_choice("eval.lpips.net", self.net, LPIPS_NETS)
+        from jensenkv.eval.fidelity import LPIPS_BACKBONE_FILES  # the nets whose backbone file is known
+
+        check_choice("eval.lpips.net", self.net, tuple(LPIPS_BACKBONE_FILES))
 
 
 @dataclass
