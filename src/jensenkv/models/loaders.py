@@ -22,8 +22,10 @@ class MissingWeightsError(FileNotFoundError):
     """Model weights are not on this machine (the suite never downloads them at run time)."""
 
 
-def resolve_local_dir(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A local model directory for ``path`` (a directory, or a Hub id looked up in the HF cache only).
+def resolve_local_dir(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+                      allow_patterns: list[str] | None = None) -> Path:
+    """A local model directory for ``path`` (a directory, or a Hub id looked up in the HF cache only;
+    ``allow_patterns``: only those files of the snapshot must be there, e.g. one MAGI-1 variant).
 
     Raises MissingWeightsError naming what is missing and where it was looked for.
     """
@@ -37,11 +39,13 @@ def resolve_local_dir(path: str | os.PathLike, cache_dir: str | os.PathLike | No
         raise MissingWeightsError(f"model path={text!r}: no such local directory; {FETCH_HINT}")
     cache = Path(cache_dir).expanduser() if cache_dir is not None else Path(constants.HF_HUB_CACHE)
     try:
-        return Path(snapshot_download(repo_id=text, cache_dir=str(cache), local_files_only=True))
+        return Path(snapshot_download(repo_id=text, cache_dir=str(cache), local_files_only=True,
+                                      allow_patterns=allow_patterns))
     except Exception as err:  # LocalEntryNotFoundError and friends: nothing usable in the cache
+        files = f" for {allow_patterns}" if allow_patterns else ""
         raise MissingWeightsError(
             f"model path={text!r} is neither a local directory nor in the Hugging Face cache "
-            f"(looked in {cache}; set model.cache_dir or HF_HUB_CACHE to change it); {FETCH_HINT}") from err
+            f"(looked in {cache}{files}; set model.cache_dir or HF_HUB_CACHE to change it); {FETCH_HINT}") from err
 
 
 def require_subfolder(directory: Path, subfolder: str, what: str) -> Path:

@@ -27,7 +27,7 @@ import torch
 
 from jensenkv.models.magi.config import MagiModelConfig
 from jensenkv.models.magi.model import MagiDiT
-from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError
+from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, resolve_local_dir
 
 HUB_REPO = "sand-ai/MAGI-1"
 VARIANTS = {"4.5B_base": "inference_weight", "4.5B_distill": "inference_weight.distill",
@@ -75,29 +75,11 @@ def from_official(name: str) -> str:
     return name
 
 
-def _hub_root(path: str, cache_dir: str | os.PathLike | None, patterns: list[str]) -> Path:
-    from huggingface_hub import constants, snapshot_download
-
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else Path(constants.HF_HUB_CACHE)
-    try:
-        return Path(snapshot_download(repo_id=path, cache_dir=str(cache), local_files_only=True,
-                                      allow_patterns=patterns))
-    except Exception as err:  # LocalEntryNotFoundError and friends: nothing usable in the cache
-        raise MissingWeightsError(f"MAGI-1 path={path!r} is neither a local directory nor in the Hugging Face cache "
-                                  f"(looked in {cache} for {patterns}; set model.cache_dir or HF_HUB_CACHE); "
-                                  f"{FETCH_HINT}") from err
-
-
 def resolve_root(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                  patterns: list[str] | None = None) -> Path:
-    """A local directory for ``path``: itself if it is a directory, else the Hub id's snapshot in the HF cache."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
-    text = str(path)
-    if local.is_absolute() or text.startswith((".", "~")) or text.count("/") != 1:
-        raise MissingWeightsError(f"MAGI-1 path={text!r}: no such local directory; {FETCH_HINT}")
-    return _hub_root(text, cache_dir, patterns or ["*"])
+    """A local directory for ``path``: itself if it is a directory, else the Hub id's snapshot in the HF cache
+    (only ``patterns`` of it need be there)."""
+    return resolve_local_dir(path, cache_dir, patterns or ["*"])
 
 
 def weights_dir(root: Path, variant: str) -> Path:
