@@ -63,7 +63,7 @@ def test_values_none_keeps_values_full_precision(weights):
 @pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
 def test_correction_options(weights, correction):
     spec = _spec(weights, f"correction={correction}", "attention.strength=0.5")
-    assert spec.correction == correction and spec.strength == 0.5
+    assert spec.attention.correction == correction and spec.attention.strength == 0.5
 
 
 def test_cache_options_reach_the_cache_config(weights):
@@ -252,7 +252,7 @@ def test_every_field_is_reachable_from_the_command_line(weights):
     ("quant.bits=2.0", "quant.bits"), ("eval.save_videos=maybe", "eval.save_videos"),
     ("attention.strength=inf", "attention.strength"), ("model.dtype=foo", "model.dtype"),
     ("model.device=tpu", "model.device"), ("generation.kv_range=[-1]", "generation.kv_range"),
-    ("generation.window_size=3", "generation.window_size"), ("cache.window_chunks=0", "cache.window_chunks"),
+    ("generation.window_size=3", "generation.window_size"), ("cache.window_chunks=-1", "cache.window_chunks"),
 ])
 def test_bad_values_fail_in_one_line_naming_the_key(weights, override, key):
     from jensenkv.run.cli import precheck
@@ -289,12 +289,15 @@ def test_real_model_probe_subsets_are_evenly_spaced_over_their_layers_and_steps(
     from omegaconf import OmegaConf
 
     from jensenkv.attention.probes import evenly_spaced
+    from jensenkv.models.magi.config import model_preset
 
     cfg = _compose(f"model={model}")
     generation, attention = cfg.generation, cfg.attention
+    # Wan2.1 / SkyReels-V2 1.3B have 30 blocks (their transformer config.json, not on this machine)
+    depth = model_preset(cfg.model.preset).num_layers if cfg.model.kind == "magi" else 30
+    assert list(attention.probe_layers) == list(evenly_spaced(depth, len(attention.probe_layers)))
     assert attention.probe_steps is None or list(attention.probe_steps) == \
         list(evenly_spaced(generation.steps, len(attention.probe_steps)))
-    assert attention.probe_layers is not None and max(attention.probe_layers) >= 29
     assert OmegaConf.select(cfg, "eval.probes") is None
 
 
@@ -305,3 +308,14 @@ def test_require_ready_stops_a_run_whose_metric_cannot_be_computed(weights, tmp_
         _spec(weights, "eval.require_ready=true", "eval.metrics=[psnr,lpips]")
     assert _spec(weights, "eval.require_ready=true", "eval.metrics=[psnr,ssim]").eval.require_ready
     assert "lpips" in _spec(weights, "eval.metrics=[psnr,lpips]").eval.metrics  # default: recorded missing
+
+
+@pytest.mark.parametrize("window", [0, 2, None])
+def test_the_run_config_and_the_cache_accept_the_same_windows(weights, window):
+    """One rule for the window: a sinks-only window (0) a run accepts is one the cache accepts, and back."""
+    spec = _spec(weights, "cache.sink_chunks=1", f"cache.window_chunks={'null' if window is None else window}")
+    assert spec.cache_config(keep_reference=False).window_chunks == window
+    with pytest.raises(ValueError, match="cache.window_chunks=-1"):
+        _spec(weights, "cache.window_chunks=-1")
+    with pytest.raises(ValueError, match="cache.window_chunks=-1"):
+        spec.cache_config(False).__class__(key=spec.key, value=spec.value, window_chunks=-1)

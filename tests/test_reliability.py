@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from jensenkv.config import ModelConfig
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
 from jensenkv.tracking import ResultsStore, ResultsWriteError, load_results
 
@@ -161,9 +161,9 @@ def test_null_threads_share_the_cores_between_parallel_jobs(monkeypatch):
     assert runner.default_threads() == 2
     monkeypatch.setattr(runner, "parallel_jobs", lambda: 32)
     assert runner.default_threads() == 1
-    assert runner.default_threads({"kind": "tiny"}) == 1  # too small to split across threads
+    assert runner.default_threads(ModelConfig()) == 1  # too small to split across threads
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert runner.default_threads({"kind": "tiny"}) is None  # the user's choice: torch already follows it
+    assert runner.default_threads(ModelConfig()) is None  # the user's choice: torch already follows it
 
 
 def test_a_run_with_null_threads_uses_the_default(tmp_path, weights, monkeypatch):
@@ -174,7 +174,7 @@ def test_a_run_with_null_threads_uses_the_default(tmp_path, weights, monkeypatch
     torch.set_num_threads(2)
     try:
         run_overrides(fast_overrides(tmp_path, weights, "eval.metrics=[psnr]", "threads=null"))
-        assert torch.get_num_threads() == runner.default_threads({"kind": "tiny"}) == 1
+        assert torch.get_num_threads() == runner.default_threads(ModelConfig()) == 1
     finally:
         torch.set_num_threads(before)
 

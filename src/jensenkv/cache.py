@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from jensenkv.config import check_cache_layout
 from jensenkv.correction import GroupSteps
 from jensenkv.quant import QuantConfig, QuantizedTensor, make_quantizer
 from jensenkv.quant.tensors import FullPrecisionTensor
@@ -52,14 +53,7 @@ class CacheConfig:
         # Mappings (e.g. Hydra nodes) are accepted and converted in place of the frozen fields.
         object.__setattr__(self, "key", _as_quant_config(self.key, "key"))
         object.__setattr__(self, "value", _as_quant_config(self.value, "value"))
-        if isinstance(self.sink_chunks, bool) or not isinstance(self.sink_chunks, int) or self.sink_chunks < 0:
-            raise ValueError(f"cache.sink_chunks={self.sink_chunks!r} is not allowed: must be an integer >= 0")
-        if self.window_chunks is not None and (
-            isinstance(self.window_chunks, bool) or not isinstance(self.window_chunks, int) or self.window_chunks < 0
-        ):
-            raise ValueError(
-                f"cache.window_chunks={self.window_chunks!r} is not allowed: must be null (unbounded) or an integer >= 0"
-            )
+        check_cache_layout(self.sink_chunks, self.window_chunks)  # the config tree's rule, shared
         if not isinstance(self.keep_reference, bool):
             raise ValueError(f"cache.keep_reference={self.keep_reference!r} is not allowed: must be true or false")
 

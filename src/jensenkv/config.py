@@ -81,6 +81,12 @@ def check_kv_range(value: Any, key: str = "generation.kv_range") -> None:
     check_int(key, value, 0, optional=True)
 
 
+def check_cache_layout(sink_chunks: Any, window_chunks: Any) -> None:
+    """Sinks: an integer >= 0. Window: null (every non-sink chunk visible) or an integer >= 0 (0: sinks only)."""
+    check_int("cache.sink_chunks", sink_chunks, 0)
+    check_int("cache.window_chunks", window_chunks, 0, optional=True)
+
+
 def cuda_available() -> bool:
     import torch
 
@@ -309,13 +315,12 @@ class CacheSettings:
 
     values: str = "same"
     sink_chunks: int = 0               # first n chunks stay full precision and always visible
-    window_chunks: Optional[int] = None  # only the last n non-sink chunks are visible (null: all)
+    window_chunks: Optional[int] = None  # only the last n non-sink chunks are visible (null: all; 0: sinks only)
     full_precision_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
         check_choice("cache.values", self.values, VALUES_MODES)
-        check_int("cache.sink_chunks", self.sink_chunks, 0)
-        check_int("cache.window_chunks", self.window_chunks, 1, optional=True)
+        check_cache_layout(self.sink_chunks, self.window_chunks)
         check_choice("cache.full_precision_dtype", self.full_precision_dtype, MODEL_DTYPES)
 
     def full_precision(self) -> QuantConfig:
@@ -541,17 +546,6 @@ class RunConfig:
     def results_dir(self) -> Path:
         return Path(self.paths.results_dir)
 
-    # shorthands the runner reads (each is one field of the tree)
-    metrics = property(lambda self: self.eval.metrics)
-    seeds = property(lambda self: self.eval.seeds)
-    fps = property(lambda self: self.eval.fps)
-    save_videos = property(lambda self: self.eval.save_videos)
-    lpips_net = property(lambda self: self.eval.lpips.net)
-    vbench_dimensions = property(lambda self: self.eval.vbench.dimensions)
-    vbench_device = property(lambda self: self.eval.vbench.device)
-    full_precision_dtype = property(lambda self: self.cache.full_precision_dtype)
-    correction = property(lambda self: self.attention.correction)
-    strength = property(lambda self: self.attention.strength)
 
     def cache_config(self, keep_reference: bool):
         """The quantized cache of this run (jensenkv.cache.CacheConfig)."""

@@ -514,8 +514,9 @@ def comparison_columns(identity: Mapping[str, Any] | None) -> dict:
     context["full_precision_dtype"] = (identity.get("key") or {}).get("store_dtype")
     setting = {k: v for k, v in identity.items() if k not in (*COMPARED, "metrics")}
     model = identity.get("model") or {}
-    sampler = {k: model[k] for k in ("steps", "num_chunks", "frames_per_chunk", "shift", "guidance_scale", "sampler")
-               if model.get(k) is not None}
+    generation = identity.get("generation") or {}
+    sampler = {k: generation[k] for k in ("steps", "num_chunks", "frames_per_chunk", "shift", "guidance_scale",
+                                          "sampler") if generation.get(k) is not None}
     prompts = identity.get("prompts") or []
     desc = (f"{len(prompts)} prompt(s) {config_hash(prompts, 6)}, seeds {identity.get('seeds')}, model "
             f"{model.get('name') or model.get('kind')} on {model.get('device')}"

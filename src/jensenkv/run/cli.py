@@ -69,7 +69,7 @@ def _one_line(error: Exception) -> str:
     unknown = re.match(r"Could not override '([\w.]+)'", line)
     cause = error.__cause__
     if not unknown and cause is not None and "full_key:" in str(cause):  # a typed field refused the value
-        from jensenkv.run.spec import _one_line as field_error
+        from jensenkv.run.spec import field_error_line as field_error
 
         return f"{line}: {field_error(cause)}"
     if unknown:

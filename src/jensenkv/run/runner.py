@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from jensenkv.config import ModelConfig
 from jensenkv.run.spec import RunSpec
 
 log = logging.getLogger("jensenkv.run")
@@ -56,14 +57,14 @@ def parallel_jobs() -> int:
     return available_cores() if n_jobs < 0 else max(1, n_jobs)
 
 
-def default_threads(model: Any = None) -> int | None:
+def default_threads(model: ModelConfig | None = None) -> int | None:
     """torch threads when ``threads`` is null: None (leave torch alone) if OMP_NUM_THREADS is set; 1 for the
     built-in model, whose ops are too small to split (README run on 2 shared cores: 128 s with torch's
     default of 2 threads, 38 s with 1); else the cores shared out between parallel local jobs, at most
     MAX_DEFAULT_THREADS (torch's default gives every job every core and oversubscribes)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    if getattr(model, "kind", None) == "tiny" or (isinstance(model, dict) and model.get("kind") == "tiny"):
+    if model is not None and model.kind == "tiny":
         return 1
     return max(1, min(MAX_DEFAULT_THREADS, available_cores() // parallel_jobs()))
 
@@ -198,7 +199,7 @@ class Runner:
         from jensenkv.eval.fidelity import LpipsScorer
 
         if self._lpips is None:
-            self._lpips = LpipsScorer(self.spec.lpips_net, device=self.spec.model.device)
+            self._lpips = LpipsScorer(self.spec.eval.lpips.net, device=self.spec.model.device)
         return self._lpips
 
     def score_content(self, prompt: str, video: Any, metrics: dict, missing: dict) -> None:
@@ -229,37 +230,37 @@ class Runner:
         if spec.is_reference:
             video, probes, timings, stats = ref, None, {}, {}
             for m in ("psnr", "ssim", "lpips", "attention"):
-                if m in spec.metrics:
+                if m in spec.eval.metrics:
                     missing[m] = "BF16 run: it is its own reference"
         else:
             video, probes, timings, stats = self.generate(prompt, seed)
             x, y = video.float() / 255, ref.float() / 255  # (F, C, H, W) in [0, 1]
-            if "psnr" in spec.metrics:
+            if "psnr" in spec.eval.metrics:
                 psnr = video_psnr(x, y)
                 if psnr == float("inf"):
                     missing["psnr"] = "video identical to its BF16 reference (PSNR is infinite)"
                 else:
                     metrics["psnr"] = psnr
-            if "ssim" in spec.metrics:
+            if "ssim" in spec.eval.metrics:
                 metrics["ssim"] = video_ssim(x, y)
-            if "lpips" in spec.metrics:
-                status = lpips_availability(spec.lpips_net)
+            if "lpips" in spec.eval.metrics:
+                status = lpips_availability(spec.eval.lpips.net)
                 if status.available:
                     metrics["lpips"] = self.lpips()(x, y)
                 else:
                     missing["lpips"] = status.reason
-            if "attention" in spec.metrics:
+            if "attention" in spec.eval.metrics:
                 if probes:
                     frame = probe_frame(probes, prompt_index=index, seed=seed)
                     metrics.update(summarize_probes(frame))
                     atomic_write_json(path.with_suffix(".attention.json"), frame.to_dict(orient="list"))
                 else:
                     missing["attention"] = "the generator recorded no probes (a single chunk has no cache)"
-        if "content" in spec.metrics:
+        if "content" in spec.eval.metrics:
             self.score_content(prompt, video, metrics, missing)
         video_file = None
-        if spec.save_videos or "vbench" in spec.metrics:
-            video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.fps,
+        if spec.eval.save_videos or "vbench" in spec.eval.metrics:
+            video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.eval.fps,
                                   tmp_dir=self.store.tmp_dir(self.run_id)).name
         result = {"index": index, "prompt": prompt, "seed": seed, "reference_id": ref_id, "video": video_file,
                   "metrics": metrics, "missing": missing, "timings": timings, **stats}
@@ -323,7 +324,7 @@ class Runner:
         if threads:
             torch.set_num_threads(threads)
         start = time.perf_counter()
-        jobs = [(p, s) for p in self.spec.prompts for s in self.spec.seeds]
+        jobs = [(p, s) for p in self.spec.prompts for s in self.spec.eval.seeds]
         results = []
         for index, (prompt, seed) in enumerate(tqdm(jobs, desc=f"run {self.run_id} ({self.spec.key.label})",
                                                     unit="video", leave=False)):
@@ -374,9 +375,9 @@ class Runner:
 
             atomic_write(self.run_dir / "attention.csv", lambda f: attention.to_csv(f, index=False), mode="w")
         used: list[str] = []
-        if "vbench" in spec.metrics:
+        if "vbench" in spec.eval.metrics:
             videos = {str(self.run_dir / "videos" / r["video"]): r["prompt"] for r in results}
-            vb = evaluate_vbench(videos, spec.vbench_dimensions, spec.vbench_device or spec.model.device
+            vb = evaluate_vbench(videos, spec.eval.vbench.dimensions, spec.eval.vbench.device or spec.model.device
                                  or "cpu")
             for dim, score in vb.scores.items():
                 metrics[f"vbench_{dim}"] = score
@@ -396,7 +397,7 @@ class Runner:
             metrics["cache_bytes"] = float(sum(bytes_) / len(bytes_))
             metrics["effective_bits"] = 16.0 * sum(bytes_) / sum(bf16)
         elif spec.is_reference:
-            metrics["effective_bits"] = 16.0 if spec.full_precision_dtype != "float32" else 32.0
+            metrics["effective_bits"] = 16.0 if spec.cache.full_precision_dtype != "float32" else 32.0
         from jensenkv.tracking import portable_json
 
         for r in results:  # reasons name files: no machine paths in records
@@ -423,13 +424,13 @@ class Runner:
 
         spec = self.spec
         out: dict[str, Any] = {"reference": f"same model, prompt and seed with a full-precision "
-                                            f"({spec.full_precision_dtype}) cache; per-prompt reference_id "
+                                            f"({spec.cache.full_precision_dtype}) cache; per-prompt reference_id "
                                             "names the file under refs/",
                                "videos": "compared as 8-bit frames (F, C, H, W), as saved"}
-        if "lpips" in spec.metrics:
-            out["lpips"] = {"package": "lpips 0.1 linear heads", "net": spec.lpips_net,
-                            "backbone": str(lpips_backbone_path(spec.lpips_net))}
-        if "vbench" in spec.metrics:
+        if "lpips" in spec.eval.metrics:
+            out["lpips"] = {"package": "lpips 0.1 linear heads", "net": spec.eval.lpips.net,
+                            "backbone": str(lpips_backbone_path(spec.eval.lpips.net))}
+        if "vbench" in spec.eval.metrics:
             out["vbench"] = {"cache_dir": str(vbench_cache_dir()), "dimensions_used": vbench_used,
                              "aggregate": "mean x100 over dimensions_used"}
         return out

@@ -132,7 +132,7 @@ def model_geometry(model: ModelConfig, generation: GenerationConfig) -> tuple[in
     return head_dim, tokens
 
 
-def _one_line(error: Exception) -> str:
+def field_error_line(error: Exception) -> str:
     """An OmegaConf / Hydra validation error as one line: its first line plus the full key."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     full_key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), None)
@@ -166,7 +166,7 @@ def build_spec(cfg: Any) -> RunSpec:
             cause = e.__cause__ if isinstance(e.__cause__, (ValueError, FileNotFoundError)) else None
             if cause is not None:
                 raise cause from None
-            raise ValueError(_one_line(e)) from None
+            raise ValueError(field_error_line(e)) from None
     check_weights(spec.model)
     if spec.eval.require_ready:  # every requested metric must be computable before any video is made
         from jensenkv.doctor import require_ready
