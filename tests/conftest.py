@@ -129,3 +129,21 @@ def results_store(tmp_path_factory, tiny_weights) -> Path:
     root = tmp_path_factory.mktemp("store")
     build_results_fixture(root / "results", tiny_weights)
     return root / "results"
+
+
+@pytest.fixture
+def host_reads(monkeypatch) -> list[str]:
+    """Names of every tensor-to-host read (.item, .tolist, bool/float/int) made while the test runs: on a GPU
+    each one is a device sync, which hot paths must avoid."""
+    import torch
+
+    reads: list[str] = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jensenkv.cache import CacheConfig, ChunkedKVCache, StoredSegment
+from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.quant import QuantConfig
 
 B, H, S, D = 1, 2, 16, 64

@@ -2,7 +2,6 @@
 shared across runs, no-op reruns, resume after an interruption, records, and one-line errors for bad input."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

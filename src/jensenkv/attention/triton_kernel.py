@@ -159,7 +159,6 @@ def triton_cached_attention(
         if value < 16 or value & (value - 1):
             raise ValueError(f"{name}={value} is not allowed for backend=triton: it must be a power of two >= 16")
     scale = resolve_scale(scale, dim)
-    batch, n_q = q.shape[0], q.shape[2]
     quantized: dict[tuple, list[tuple[RTNTensor, RTNTensor]]] = {}
     full_k, full_v = [], []
     for i, seg in enumerate(segments):

@@ -6,7 +6,6 @@ The long-context configuration is a random-weight SkyReels-V2 transformer whose 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
