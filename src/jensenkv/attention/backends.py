@@ -3,7 +3,9 @@
 A plain dict, as diffusers' ``dispatch_attention_fn`` keeps its backends: a new kernel (or a test's spy)
 is one more entry, e.g. ``ATTENTION_BACKENDS["mine"] = my_cached_attention``. Every entry has the
 contract of ``reference_attention``: fn(q, k_cur, v_cur, segments, correction=..., strength=...) with
-q (B, H, Q, D), k_cur / v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
+q (B, H, Q, D), k_cur / v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv). ``second_order=True`` (attention.second_order)
+is passed to every entry; those that cannot compute it raise ValueError (``second_order.SECOND_ORDER_BACKENDS``
+lists the ones that do).
 """
 from __future__ import annotations
 

@@ -11,6 +11,9 @@ per device and dtype, shared by all layers, grown to the widest window seen), ne
 - exact:  while every |x| <= SERIES_MAX_ARG, the series form of the bias folded in the same way (G
   columns per series term); otherwise the elementwise bias from ``group_bias`` as an additive float
   attn_mask: memory (Q, K).
+- second_order (taylor / exact): b (1 - pi) depends on the row's softmax, which no single SDPA call can
+  express; ``second_order_attention`` tiles the queries and works on full score rows (memory per tile
+  bounded by ``probes.TILE_ELEMENTS``).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from jensenkv.attention._inputs import (
     segment_shape,
     validate_attention_inputs,
 )
+from jensenkv.attention.second_order import check_second_order, second_order_scores
 from jensenkv.attention.workspace import (
     batch_key,
     carve,
@@ -94,11 +98,15 @@ def cached_attention(
     correction: str = "none",
     scale: float | None = None,
     strength: float = 1.0,
+    second_order: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv)."""
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
+    check_second_order(second_order, correction)
     scale = resolve_scale(scale, q.shape[-1])
     corrected = correction != "none" and any(segment_has_steps(seg) for seg in segments)
+    if corrected and second_order:
+        return second_order_attention(q, k_cur, v_cur, segments, correction, scale, strength)
     if corrected:
         augmented = augmented_inputs(q, k_cur, v_cur, segments, correction, scale, strength)
         if augmented is not None:
@@ -288,3 +296,48 @@ def exact_bias_mask(
             blocks.append(-group_bias(q, seg.steps, "exact", scale, strength).to(q.dtype))
     blocks.append(q.new_zeros(*q.shape[:-1], k_cur.shape[-2]))  # (B, H, Q, R): current chunk, no bias
     return torch.cat(blocks, dim=-1)
+
+
+def second_order_attention(
+    q: torch.Tensor,
+    k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
+    segments: Sequence[SegmentLike],
+    correction: str,
+    scale: float,
+    strength: float,
+    query_tile: int | None = None,
+) -> torch.Tensor:
+    """softmax(s_hat - b (1 - pi)) V, q (B, H, Q, D) -> (B, H, Q, Dv) in q's dtype; float32 work (float64 input:
+    float64). ``jensenkv.attention.second_order`` derives the term; pi is the row's softmax of s_hat - b.
+
+    Query tiles of t rows each hold full (B, H, t, K_total) rows: pass 1 the first-order scores s_hat - b and
+    their softmax pi, pass 2 s_hat - b + b pi, softmax and @ V. t keeps one score matrix within
+    ``probes.TILE_ELEMENTS`` (``query_tile`` caps it further). b comes from the bias's factor tables
+    (``bias_column_tables``), or the elementwise exact bias per tile when it has no column form.
+    """
+    from jensenkv.attention.probes import TILE_ELEMENTS  # one tile budget for every full-row path
+
+    batch, heads, n_q, _ = q.shape
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
+    keys_t = keys.to(work).transpose(-1, -2)  # (B, H, D, K_total)
+    values = values.to(work)
+    tables = bias_column_tables(q, k_cur, segments, correction, scale, strength)
+    if tables is not None:
+        q_coef, k_cols = tables  # (B, H, Q, C), (B, H, K_total, C)
+        k_cols_t = k_cols.transpose(-1, -2)  # (B, H, C, K_total)
+    total = keys_t.shape[-1]
+    budget = TILE_ELEMENTS.get(q.device.type, TILE_ELEMENTS["cpu"])
+    tile = max(1, min(query_tile or n_q, budget // max(1, batch * heads * total)))
+    out = q.new_empty(batch, heads, n_q, values.shape[-1])  # (B, H, Q, Dv)
+    for start in range(0, n_q, tile):
+        rows = slice(start, start + tile)
+        q_tile = q[:, :, rows].to(work)  # (B, H, t, D)
+        if tables is not None:
+            bias = q_coef[:, :, rows] @ k_cols_t  # (B, H, t, K_total), 0 off step-carrying columns
+        else:
+            bias = -exact_bias_mask(q_tile, k_cur, segments, scale, strength)
+        scores = second_order_scores(scale * q_tile @ keys_t - bias, bias)  # (B, H, t, K_total)
+        out[:, :, rows] = (torch.softmax(scores, dim=-1) @ values).to(q.dtype)
+    return out

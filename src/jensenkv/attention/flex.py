@@ -19,6 +19,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from jensenkv.attention._inputs import SegmentLike, resolve_scale, segment_has_steps, validate_attention_inputs
 from jensenkv.attention.cpu import augmented_inputs, bias_column_tables, exact_bias_mask, stacked_inputs
+from jensenkv.attention.second_order import refuse_second_order
 
 _compiled_flex: Callable | None = None
 
@@ -42,12 +43,15 @@ def flex_cached_attention(
     strength: float = 1.0,
     max_unrolled: int = 16,
     compile_kernel: bool | None = None,
+    second_order: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
 
-    ``compile_kernel`` defaults to True on CUDA tensors, False otherwise.
+    ``compile_kernel`` defaults to True on CUDA tensors, False otherwise. ``second_order`` is refused (the
+    score_mod cannot see the row's softmax): ValueError naming the backends that implement it.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
+    refuse_second_order(second_order, "flex")
     if max_unrolled < 1:
         raise ValueError(f"max_unrolled={max_unrolled} is not allowed: it must be >= 1")
     scale = resolve_scale(scale, q.shape[-1])

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
+from jensenkv.attention.second_order import check_second_order, second_order_scores
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
     SERIES_MAX_ARG,
@@ -43,6 +44,7 @@ def attention_probes(
     scale: float | None = None,
     strength: float = 1.0,
     query_tile: int = 1024,
+    second_order: bool = False,
 ) -> dict[str, float]:
     """Probe statistics (all float; float32 work, float64 for float64 input), keys ``PROBE_KEYS``:
 
@@ -52,10 +54,13 @@ def attention_probes(
     [0, log 2]) between quantized and reference rows; out_mse, out_rel_err: attention output vs the
     reference output (mean squared error, ||o - o_ref|| / ||o_ref||); bias_mean: mean bias subtracted on
     step-carrying cached keys (0 without correction); *_head_median: median over heads of the
-    per-head mean (over batch and queries).
+    per-head mean (over batch and queries). ``second_order``: the quantized attention uses the scores
+    s_hat - b (1 - pi) the attention backends use (``jensenkv.attention.second_order``), and bias_mean is the
+    mean of b (1 - pi), the amount actually subtracted.
     q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv). query_tile caps the rows per tile.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
+    check_second_order(second_order, correction)
     if query_tile < 1:
         raise ValueError(f"query_tile={query_tile} is not allowed: it must be >= 1")
     scale = resolve_scale(scale, q.shape[-1])
@@ -81,10 +86,17 @@ def attention_probes(
         rows = slice(start, start + tile)
         q_tile = qw[:, :, rows]  # (B, H, t, D)
         scores = scale * q_tile @ keys.transpose(-1, -2)  # (B, H, t, K_total)
+        full_bias = torch.zeros_like(scores) if second_order and biases else None  # (B, H, t, K_total)
         for offset, width, bias_of in biases:
             bias = bias_of(rows)  # (B, H, t, K_i)
             scores[..., offset : offset + width] -= bias
             sums[3] += bias.sum()
+            if full_bias is not None:
+                full_bias[..., offset : offset + width] = bias
+        if full_bias is not None:  # s_hat - b (1 - pi): b pi added back, so b pi leaves the subtracted sum
+            raised = second_order_scores(scores, full_bias)
+            sums[3] -= (raised - scores).sum()
+            scores = raised
         log_p = torch.log_softmax(scores, dim=-1)  # (B, H, t, K_total)
         log_r = torch.log_softmax(scale * q_tile @ keys_ref.transpose(-1, -2), dim=-1)
         p, r = log_p.exp(), log_r.exp()

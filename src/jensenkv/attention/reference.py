@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 
 from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
+from jensenkv.attention.second_order import check_second_order
 from jensenkv.correction import bias_basis_query, expand_group_steps, jensen_bias
 
 
@@ -21,26 +22,36 @@ def reference_attention(
     correction: str = "none",
     scale: float | None = None,
     strength: float = 1.0,
+    second_order: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * q K^T - bias) V over the cached segments followed by the current chunk.
 
     q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv); segments: cached chunks, oldest
     first. The bias (``correction`` in "none" | "taylor" | "exact", times ``strength``) is subtracted
-    from the columns of segments that carry steps only, never from the current chunk.
+    from the columns of segments that carry steps only, never from the current chunk. ``second_order``
+    subtracts bias * (1 - pi) instead, pi the row's softmax of the first-order-corrected scores
+    (``jensenkv.attention.second_order``).
     Returns (B, H, Q, Dv) in q's dtype.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
+    check_second_order(second_order, correction)
     scale = resolve_scale(scale, q.shape[-1])
     q64 = q.double()  # (B, H, Q, D)
-    scores, values = [], []
+    scores, values, biases = [], [], []
     for seg in segments:
         s = scale * q64 @ seg.k.double().transpose(-1, -2)  # (B, H, Q, K_i)
+        raw = s
         if correction != "none" and seg.steps is not None:
             step = expand_group_steps(seg.steps, q.shape[-1]).double()  # (B, H, K_i, D)
             s = s - strength * jensen_bias(bias_basis_query(q64, seg.steps), step, correction, scale)
         scores.append(s)
+        biases.append(raw - s)  # (B, H, Q, K_i): the bias this segment's columns got (0 without steps)
         values.append(seg.v.double())  # (B, H, K_i, Dv)
     scores.append(scale * q64 @ k_cur.double().transpose(-1, -2))  # (B, H, Q, R): never corrected
     values.append(v_cur.double())
-    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # (B, H, Q, K_total)
+    logits = torch.cat(scores, dim=-1)  # (B, H, Q, K_total): first-order-corrected scores
+    if second_order:  # s_hat - b (1 - pi): add back b * pi, pi = softmax of the first-order scores
+        bias = torch.cat(biases + [torch.zeros_like(scores[-1])], dim=-1)  # (B, H, Q, K_total)
+        logits = logits + bias * torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)  # (B, H, Q, K_total)
     return (probs @ torch.cat(values, dim=-2)).to(q.dtype)  # (B, H, Q, Dv)

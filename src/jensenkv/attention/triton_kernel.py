@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from jensenkv.attention._inputs import SegmentLike, resolve_scale, segment_has_steps, validate_attention_inputs
+from jensenkv.attention.second_order import refuse_second_order
 from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_query_columns,
@@ -143,8 +144,13 @@ def triton_cached_attention(
     strength: float = 1.0,
     block_m: int = 16,
     block_n: int = 16,
+    second_order: bool = False,
 ) -> torch.Tensor:
-    """Fused attention over the packed cache: q (B, Hq, Q, D), k_cur/v_cur (B, Hkv, R, D/Dv) -> (B, Hq, Q, Dv)."""
+    """Fused attention over the packed cache: q (B, Hq, Q, D), k_cur/v_cur (B, Hkv, R, D/Dv) -> (B, Hq, Q, Dv).
+
+    ``second_order`` is refused (the fused online softmax never holds a row's weights): ValueError naming the
+    backends that implement it."""
+    refuse_second_order(second_order, "triton")
     if q.ndim != 4 or k_cur.ndim != 4:
         raise ValueError(f"q.shape={tuple(q.shape)}, k_cur.shape={tuple(k_cur.shape)}: both must be (B, H, S, D)")
     heads_q, heads_kv = q.shape[1], k_cur.shape[1]
