@@ -31,7 +31,7 @@ def _spec(weights, *overrides: str):
 
 def test_every_group_has_its_options():
     assert set(group_options("quant")) == {"bf16", "rtn", "quarot", "qvg", "qvg_pro", "qvg_rtn", "kivi"}
-    assert set(group_options("correction")) == {"none", "taylor", "exact"}
+    assert set(group_options("correction")) == {"none", "taylor", "exact", "taylor2"}
     assert set(group_options("experiment")) >= {"table1", "tradeoff", "attention_mass"}
     assert set(group_options("logger")) >= {"wandb_offline", "wandb_online", "disabled"}
     assert "tiny" in group_options("model")
@@ -64,6 +64,41 @@ def test_values_none_keeps_values_full_precision(weights):
 def test_correction_options(weights, correction):
     spec = _spec(weights, f"correction={correction}", "attention.strength=0.5")
     assert spec.attention.correction == correction and spec.attention.strength == 0.5
+
+
+def test_taylor2_is_taylor_with_the_second_order_term(weights):
+    spec = _spec(weights, "correction=taylor2")
+    assert (spec.attention.correction, spec.attention.second_order) == ("taylor", True)
+    assert spec.labels()["second_order"] is True
+    assert _spec(weights, "correction=taylor").labels()["second_order"] is False
+    variants = [("correction=taylor",), ("correction=taylor2",), ("correction=exact",),
+                ("correction=exact", "attention.second_order=true")]
+    ids = {_spec(weights, *o).run_id for o in variants}
+    assert len(ids) == 4  # part of the run identity
+    assert _spec(weights, "quant=bf16", "correction=taylor2").run_id == _spec(weights, "quant=bf16").run_id
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["correction=none", "attention.second_order=true"], r"attention.second_order=True is not allowed: "
+                                                         r"with correction='none': .*\('taylor', 'exact'\)"),
+    (["correction=taylor2", "attention.backend=flex"], r"attention.second_order=True is not allowed: "
+                                                       r"with backend='flex': .*\('cached', 'reference'\)"),
+    (["attention.second_order=maybe"], r"attention.second_order"),
+])
+def test_second_order_needs_a_bias_and_a_backend_that_has_it(weights, overrides, message):
+    from jensenkv.run.cli import precheck
+
+    with pytest.raises(ValueError, match=message):
+        precheck([f"model.weights_dir={weights}", *overrides])
+
+
+def test_attention_config_refuses_a_non_boolean_second_order():
+    from jensenkv.config import AttentionConfig
+
+    with pytest.raises(ValueError, match=r"attention.second_order=1 is not allowed: must be true or false"):
+        AttentionConfig(correction="taylor", second_order=1)
+    with pytest.raises(ValueError, match=r"attention.second_order=True is not allowed: with backend='triton'"):
+        AttentionConfig(correction="exact", backend="triton", second_order=True)
 
 
 def test_cache_options_reach_the_cache_config(weights):
@@ -149,7 +184,8 @@ def test_logger_modes():
 
 def test_group_override_check_names_group_value_and_options():
     check_group_overrides(["quant=rtn", "correction=none,taylor", "quant.bits=2,4", "experiment=table1"])
-    with pytest.raises(ValueError, match=r"correction='bar' is not allowed: choose one of \['exact', 'none', 'taylor'\]"):
+    with pytest.raises(ValueError,
+                       match=r"correction='bar' is not allowed: choose one of \['exact', 'none', 'taylor', 'taylor2'\]"):
         check_group_overrides(["correction=bar"])
     with pytest.raises(ValueError, match="quant='nope'"):
         check_group_overrides(["-m", "quant=rtn,nope"])

@@ -242,7 +242,8 @@ def _cli(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.Co
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["correction=bar"], "error: correction='bar' is not allowed: choose one of ['exact', 'none', 'taylor']"),
+    (["correction=bar"],
+     "error: correction='bar' is not allowed: choose one of ['exact', 'none', 'taylor', 'taylor2']"),
     (["quant.group_size=33"], "error: quant.group_size=33 is not allowed: with granularity=token_group it must "
                               "divide head_dim=128"),
     (["-m", "quant.bits=2,2.0"], "error: Error merging override quant.bits=2.0: quant.bits: Value '2.0' of type "

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from jensenkv.correction import CORRECTIONS
+from jensenkv.correction import BIAS_METHODS, CORRECTIONS
 from jensenkv.quant.config import FLOAT_DTYPES, QuantConfig
 
 SAMPLERS = ("euler", "x0_renoise")
@@ -363,6 +363,9 @@ class AttentionConfig:
     backend: a kernel of jensenkv.attention.ATTENTION_BACKENDS: "cached" (fast CPU path), "reference" (the
         readable oracle), "flex" (GPU FlexAttention), or one registered there.
     correction: Jensen-bias correction of the cached scores; strength scales it (1.0: the paper's).
+    second_order: subtract b (1 - pi) instead of b (pi: the key's softmax weight in its row), which corrects
+        log Z to second order where b over-corrects peaky attention (jensenkv.attention.second_order). Needs
+        correction taylor or exact; backends flex and triton refuse it (cached and reference implement it).
     probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
         eval.metrics has "attention" (null: all). Real models' presets set evenly spaced subsets
         (jensenkv.attention.probes.evenly_spaced): every layer x step x chunk x branch is ~7,200 calls per video.
@@ -374,6 +377,7 @@ class AttentionConfig:
     backend: str = "cached"
     correction: str = "none"
     strength: float = 1.0
+    second_order: bool = False  # the b (1 - pi) correction (configs/correction/taylor2.yaml)
     probe_layers: Optional[list[int]] = None
     probe_steps: Optional[list[int]] = None
     diagnostics: bool = False  # add the error-model diagnostics (jensenkv.attention.diagnostics) to each probe
@@ -385,6 +389,7 @@ class AttentionConfig:
         check_choice("attention.backend", self.backend, tuple(ATTENTION_BACKENDS))
         check_choice("attention.correction", self.correction, CORRECTIONS)
         check_finite("attention.strength", self.strength, 0)
+        self._check_second_order()
         for key in ("probe_layers", "probe_steps"):
             value = getattr(self, key)
             if value is None:
@@ -398,6 +403,18 @@ class AttentionConfig:
 
     def validate(self) -> None:
         self.__post_init__()
+
+    def _check_second_order(self) -> None:
+        from jensenkv.attention.second_order import SECOND_ORDER_BACKENDS, SECOND_ORDER_REFUSED
+
+        if not isinstance(self.second_order, bool):
+            fail("attention.second_order", self.second_order, "must be true or false")
+        if self.second_order and self.correction not in BIAS_METHODS:
+            fail("attention.second_order", self.second_order,
+                 f"with correction={self.correction!r}: true needs correction in {BIAS_METHODS}")
+        if self.second_order and self.backend in SECOND_ORDER_REFUSED:
+            fail("attention.second_order", self.second_order,
+                 f"with backend={self.backend!r}: true needs a backend in {SECOND_ORDER_BACKENDS}")
 
     def probes_at(self, layer: int, step: int | None) -> bool:
         """Whether a probe is recorded for this layer and denoising step."""
@@ -525,7 +542,7 @@ class RunConfig:
             fail("quant.group_size", self.key.group_size,
                  f"with granularity=channel it counts tokens and must be <= the {tokens_per_chunk} tokens of a chunk")
         if self.is_reference:  # nothing quantized: nothing to correct
-            self.attention = dataclasses.replace(self.attention, correction="none", strength=1.0)
+            self.attention = dataclasses.replace(self.attention, correction="none", strength=1.0, second_order=False)
         self.attention = dataclasses.replace(self.attention, probes="attention" in self.eval.metrics)
 
     # --- derived views -----------------------------------------------------------------------------------
@@ -580,6 +597,7 @@ class RunConfig:
             "backend": self.attention.backend,
             "correction": self.attention.correction,
             "strength": self.attention.strength,
+            "second_order": self.attention.second_order,
             "probe_layers": self.attention.probe_layers if self.attention.probes else None,
             "probe_steps": self.attention.probe_steps if self.attention.probes else None,
             "diagnostics": self.attention.diagnostics and self.attention.probes,
@@ -621,6 +639,7 @@ class RunConfig:
             "values": self.values_mode,
             "correction": self.attention.correction,
             "strength": self.attention.strength,
+            "second_order": self.attention.second_order,
             "sink_chunks": self.cache.sink_chunks,
             "window_chunks": self.cache.window_chunks,
         }

@@ -108,11 +108,13 @@ class WindowAttention:
             q_c = q[:, :, rows]  # (1, H, T, D)
             k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (1, H, (in_flight+1)*T, D)
             v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
-            outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=settings.strength))
+            outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=settings.strength,
+                           second_order=settings.second_order))
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):
                 from jensenkv.attention import attention_probes
 
-                values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=settings.strength)
+                values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=settings.strength,
+                                          second_order=settings.second_order)
                 if settings.diagnostics:
                     from jensenkv.attention.diagnostics import segment_diagnostics
 

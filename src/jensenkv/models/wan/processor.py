@@ -143,14 +143,16 @@ class CachedSelfAttnProcessor:
             segments = limit_kv_range(cached, cache_limit)
             q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
             outs.append(attend(q_c, k_c, v_c, segments, correction=self.attention.correction,
-                                             strength=self.attention.strength))  # (B, H, T, D)
+                                             strength=self.attention.strength,
+                                             second_order=self.attention.second_order))  # (B, H, T, D)
             if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
                 self._record_probes(q_c, k_c, v_c, segments, chunk)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment], chunk: InFlightChunk) -> None:
-        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.attention.strength)
+        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.attention.strength,
+                                  second_order=self.attention.second_order)
         if self.attention.diagnostics:
             values.update(segment_diagnostics(q, segments))
         self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step,
