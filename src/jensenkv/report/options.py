@@ -69,8 +69,9 @@ def label_keys(results_dir: str | Path) -> list[str]:
 
 
 def _usual(runs: pd.DataFrame, col: str):
-    """The most common value of a column (None when all are missing)."""
-    values = [v for v in runs[col] if not _missing(v)]
+    """The most common value of a column, absent (None) counting as a value: a label only some records carry
+    (a new option) then differs from the usual absence."""
+    values = [None if _missing(v) else v for v in runs[col]]
     return Counter(values).most_common(1)[0][0] if values else None
 
 
@@ -89,7 +90,7 @@ def _fmt_value(value) -> str:
 
 
 def name_rows(runs: pd.DataFrame, variant_keys: list[str]) -> pd.DataFrame:
-    """``runs`` plus the columns row, variant and tags (a frozenset for ``verdicts.summarize``)."""
+    """``runs`` plus the columns row, variant and tags (the row's, a frozenset for ``verdicts.summarize``)."""
     runs = runs.copy()
     for col in (*ROW_LABELS, *variant_keys):
         if col not in runs.columns:
@@ -113,7 +114,7 @@ def name_rows(runs: pd.DataFrame, variant_keys: list[str]) -> pd.DataFrame:
                 variant += f" {col}={_fmt_value(r[col])}"
         names.append(name)
         variants.append(variant)
-        tags.append(frozenset(tag | ({variant} if variant != "none" else set())))
+        tags.append(frozenset(tag))
     runs["row"], runs["variant"], runs["tags"] = names, variants, tags
     return runs
 
