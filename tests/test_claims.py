@@ -122,31 +122,31 @@ def build_store(root: Path, *, int4: bool = True, diagnostics: bool = True, mode
     differences are noise (inconclusive); corrected INT2 g128 beats INT4 g64, INT2 g32 does not (claim 3)."""
     n = len(PROMPTS) * len(SEEDS)
     base = 25 + _noise("base", 1.0)
-    w = lambda cell, key: _write_run(root, f"{model}-{cell}", *key[:4], model=model, **key[4])  # noqa: E731
-    w("bf16", ("bf16", 16, None, "none", {}))
+
+    def w(cell: str, quantizer: str, bits: int, group: int | None, correction: str, **kw) -> None:
+        _write_run(root, f"{model}-{cell}", quantizer, bits, group, correction, model=model, **kw)
+
     diag = DIAG if diagnostics else None
-    w("rtn-none", ("rtn", 2, 32, "none", dict(psnr=base, dps=0.02 + _noise("d1", 0.002), effective_bits=2.75,
-                                                diagnostics=diag)))
-    w("rtn-taylor", ("rtn", 2, 32, "taylor", dict(psnr=base + 1.0 + _noise("p1", 0.1), dps=0.001 + _noise("d2", 0.002),
-                                                    effective_bits=2.75)))
+    w("bf16", "bf16", 16, None, "none")
+    w("rtn-none", "rtn", 2, 32, "none", psnr=base, dps=0.02 + _noise("d1", 0.002), effective_bits=2.75,
+      diagnostics=diag)
+    w("rtn-taylor", "rtn", 2, 32, "taylor", psnr=base + 1.0 + _noise("p1", 0.1), dps=0.001 + _noise("d2", 0.002),
+      effective_bits=2.75)
     for seed in (0, 1):
         q = 27 + _noise(f"q{seed}", 1.0)
-        w(f"quarot{seed}-none", ("quarot+rtn", 2, 32, "none", dict(psnr=q, dps=-0.01 + _noise(f"qd{seed}", 0.002),
-                                                                   rotation_seed=seed, effective_bits=2.75,
-                                                                   diagnostics=diag)))
-        w(f"quarot{seed}-taylor", ("quarot+rtn", 2, 32, "taylor", dict(
-            psnr=q - 1.0 + _noise(f"qp{seed}", 0.1), dps=-0.03 + _noise(f"qt{seed}", 0.002), rotation_seed=seed,
-            effective_bits=2.75)))
+        w(f"quarot{seed}-none", "quarot+rtn", 2, 32, "none", psnr=q, dps=-0.01 + _noise(f"qd{seed}", 0.002),
+          rotation_seed=seed, effective_bits=2.75, diagnostics=diag)
+        w(f"quarot{seed}-taylor", "quarot+rtn", 2, 32, "taylor", psnr=q - 1.0 + _noise(f"qp{seed}", 0.1),
+          dps=-0.03 + _noise(f"qt{seed}", 0.002), rotation_seed=seed, effective_bits=2.75)
     alternating = np.array([0.5, -0.5] * (n // 2))
-    w("qvg-none", ("qvg", 2, 64, "none", dict(psnr=base, dps=np.full(n, 0.004) + _noise("v", 0.001),
-                                              effective_bits=4.8)))
-    w("qvg-taylor", ("qvg", 2, 64, "taylor", dict(psnr=base + alternating, dps=0.004 + alternating / 100,
-                                                  effective_bits=4.8)))
-    w("g128-taylor", ("rtn", 2, 128, "taylor", dict(psnr=base + 6 + _noise("g", 0.2), dps=_noise("gd", 0.001),
-                                                      effective_bits=2.19)))
+    w("qvg-none", "qvg", 2, 64, "none", psnr=base, dps=np.full(n, 0.004) + _noise("v", 0.001), effective_bits=4.8)
+    w("qvg-taylor", "qvg", 2, 64, "taylor", psnr=base + alternating, dps=0.004 + alternating / 100,
+      effective_bits=4.8)
+    w("g128-taylor", "rtn", 2, 128, "taylor", psnr=base + 6 + _noise("g", 0.2), dps=_noise("gd", 0.001),
+      effective_bits=2.19)
     if int4:
-        w("int4-none", ("rtn", 4, 64, "none", dict(psnr=base + 5 + _noise("i4", 0.2), dps=_noise("i4d", 0.001),
-                                                  effective_bits=4.38)))
+        w("int4-none", "rtn", 4, 64, "none", psnr=base + 5 + _noise("i4", 0.2), dps=_noise("i4d", 0.001),
+          effective_bits=4.38)
     return root
 
 
@@ -361,3 +361,13 @@ def test_notebook_draws_the_per_layer_story(store, monkeypatch):
 def test_notebook_on_a_fresh_clone_says_there_are_no_runs_yet(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in _execute(tmp_path / "results", monkeypatch))
     assert "no finished runs yet" in text and "python -m jensenkv.run -m experiment=" in text
+
+
+def test_a_verdict_the_paired_test_does_not_back_says_so():
+    from jensenkv.report.claims import _entry
+
+    weak = _entry("rtn", frozenset({"rtn"}), {}, 0.05, 1.45, 8, "above", "", p_value=0.16)
+    assert weak.verdict == HOLDS and weak.note == "but p=0.16 >= 0.05: too few videos to be sure"
+    assert _entry("rtn", frozenset(), {}, 0.05, 1.45, 8, "above", "", p_value=0.01).note == ""
+    assert _entry("rtn", frozenset(), {}, -0.5, 1.45, 8, "above", "", p_value=0.6).note == ""  # inconclusive anyway
+    assert _entry("rtn", frozenset(), {}, 0.05, 1.45, 1, "above", "one video").verdict == MISSING

@@ -32,7 +32,7 @@ from jensenkv.eval.stats import Interval, PairedDifference
 from jensenkv.report.diagnostics import Diagnostics, uncorrected_diagnostics
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.table1 import DIGITS
-from jensenkv.report.verdicts import MISSING, RULE, summarize, verdict
+from jensenkv.report.verdicts import FAILS, HOLDS, MISSING, RULE, summarize, verdict
 from jensenkv.tracking import atomic_write, portable
 
 # Fidelity metrics and the side of 0 that is better (a paired difference there is an improvement).
@@ -72,6 +72,7 @@ class Entry:
     numbers: dict[str, str]
     verdict: str
     reason: str = ""
+    note: str = ""  # e.g. the paired test disagrees with the interval (few videos)
 
 
 @dataclass
@@ -88,10 +89,18 @@ class Claim:
         return summarize((e.option, e.tags, e.verdict) for e in self.entries)
 
 
+ALPHA = 0.05  # the level the 95% intervals correspond to
+
+
 def _entry(option: str, tags: frozenset, numbers: dict[str, str], low: float, high: float, n: int,
-           claimed: str, reason: str) -> Entry:
+           claimed: str, reason: str, p_value: float = math.nan) -> Entry:
+    """An option's entry; when the sign-flip test does not reject 0 where the bootstrap interval excludes it
+    (BCa intervals are optimistic on few videos), the verdict stands but says so."""
     v = verdict(low, high, claimed) if n >= 2 else MISSING
-    return Entry(option, tags, {**numbers, "n": str(n)}, v, reason if v == MISSING else "")
+    note = ""
+    if v in (HOLDS, FAILS) and math.isfinite(p_value) and p_value >= ALPHA:
+        note = f"but p={p_value:.2g} >= {ALPHA}: too few videos to be sure"
+    return Entry(option, tags, {**numbers, "n": str(n)}, v, reason if v == MISSING else "", note)
 
 
 def _tags(opts: Options, row: str) -> frozenset:
@@ -127,7 +136,7 @@ def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
                    b.columns[1]: fmt_interval(opts.interval(row, correction, "delta_p_s"), "delta_p_s"),
                    b.columns[2]: fmt_paired(diff, "delta_p_s")}
         b.entries.append(_entry(row, _tags(opts, row), numbers, diff.low, diff.high, diff.n, "below",
-                                opts.missing_reason(row, correction, "delta_p_s")))
+                                opts.missing_reason(row, correction, "delta_p_s"), diff.p_value))
     return [a, b]
 
 
@@ -152,7 +161,7 @@ def claim_fidelity(opts: Options, bits: int, correction: str) -> list[Claim]:
                        claim.columns[1]: fmt_interval(opts.interval(row, correction, metric), metric, False),
                        claim.columns[2]: fmt_paired(diff, metric)}
             claim.entries.append(_entry(row, _tags(opts, row), numbers, diff.low, diff.high, diff.n, side,
-                                        opts.missing_reason(row, correction, metric)))
+                                        opts.missing_reason(row, correction, metric), diff.p_value))
         claims.append(claim)
     return claims
 
@@ -198,7 +207,7 @@ def claim_memory(opts: Options, bits: int, reference_bits: int, correction: str)
                     reason = opts.missing_reason(row, correction, metric) if not len(
                         opts.values(row, correction, metric)) else opts.missing_reason(ref, "none", metric)
                     claim.entries.append(_entry(f"{row} + {correction} vs {ref}", _tags(opts, row), numbers,
-                                                diff.low, diff.high, diff.n, side, reason))
+                                                diff.low, diff.high, diff.n, side, reason, diff.p_value))
         claims.append(claim)
     return claims
 
@@ -265,7 +274,8 @@ def render_claim(claim: Claim) -> str:
         lines.append(f"- missing for every option: {portable(reasons.pop())}")
     elif claim.entries:
         table = pd.DataFrame([{"option": e.option, **{c: e.numbers.get(c, "") for c in claim.columns},
-                               "verdict": e.verdict + (f" ({portable(e.reason)})" if e.reason else "")}
+                               "verdict": e.verdict + (f" ({portable(e.reason)})" if e.reason else "")
+                               + (f" ({e.note})" if e.note else "")}
                               for e in claim.entries])
         lines += [_md_table(table), ""]
     lines += [f"- missing: {portable(m)}" for m in claim.missing]
@@ -279,10 +289,10 @@ DIAG_COLUMNS = {"layer": "layer", "theta": "theta", "var_ratio": "Var(e)/(D²/12
 
 def render_diagnostics(diag: Diagnostics) -> str:
     lines = ["## Why: error-model diagnostics per layer (uncorrected runs)", "",
-             "Means over denoising probes of the em_* keys (jensenkv.attention.diagnostics). The cached block's "
-             "log Z_S shift = first-order term + Jensen term; the correction's model says the first-order term is 0 "
-             "and b removes the Jensen term. 'shift - b' is what is left after subtracting b (interval over videos); "
-             "n_eff is how many cached keys a query attends to.", ""]
+             ("Means over denoising probes of the em_* keys (jensenkv.attention.diagnostics). The cached block's "
+              "log Z_S shift = first-order term + Jensen term; the correction's model says the first-order term is "
+              "0 and b removes the Jensen term. 'shift - b' is what is left after subtracting b (interval over "
+              "videos); n_eff is how many cached keys a query attends to."), ""]
     if diag.missing:
         return "\n".join(lines + [f"- missing: {portable(m)}" for m in diag.missing]) + "\n"
     lines += [f"Runs over {diag.context}.", ""]
@@ -300,10 +310,10 @@ def render_diagnostics(diag: Diagnostics) -> str:
 
 def render(reports: list[ModelReport], results_dir: str | Path, correction: str) -> str:
     lines = ["# The paper's claims on this store", "",
-             f"Generated by `python -m jensenkv.report.claims --results-dir {portable(str(results_dir))}` "
-             "(`make reproduce-table1` regenerates it). Every number: mean over videos (prompt x seed) with its "
-             "bootstrap 95% interval; d = paired difference per video with its two-sided sign-flip p-value; "
-             "n = videos (pairs).", "", "**Verdict rule.** " + RULE, ""]
+             (f"Generated by `python -m jensenkv.report.claims --results-dir {portable(str(results_dir))}` "
+              "(`make reproduce-table1` regenerates it). Every number: mean over videos (prompt x seed) with its "
+              "bootstrap 95% interval; d = paired difference per video with its two-sided sign-flip p-value; "
+              "n = videos (pairs)."), "", "**Verdict rule.** " + RULE, ""]
     for rep in reports:
         lines += [f"## {rep.model}", "", f"Runs over {rep.opts.selection.context_desc}."]
         if rep.opts.selection.left_out:
@@ -315,8 +325,8 @@ def render(reports: list[ModelReport], results_dir: str | Path, correction: str)
         lines += [render_claim(c) for c in rep.claims]
         lines.append(render_diagnostics(rep.diagnostics))
         lines += ["## Every option side by side", "",
-                  f"Rows: the store's quantizer options; variants: the corrections and attention-time options "
-                  f"(paired against 'none' of the same option; seeds pooled where noted).", "",
+                  ("Rows: the store's quantizer options; variants: the corrections and attention-time options "
+                   "(paired against 'none' of the same option; seeds pooled where noted)."), "",
                   _md_table(rep.options), ""]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -78,7 +78,8 @@ def reading(r: Mapping[str, float]) -> str:
     else:
         head = f"Jensen term {jensen:+.3g} dominates the first-order shift {first:+.3g}"
     if low <= 0 <= high:  # the interval of what is left contains 0
-        effect = f"subtracting b ({b:.3g}) removes the log Z_S shift {shift:+.3g} (left: {residual:+.3g}, 0 within its 95% CI)"
+        effect = (f"subtracting b ({b:.3g}) removes the log Z_S shift {shift:+.3g} (left: {residual:+.3g}, 0 within "
+                  "its 95% CI)")
     elif abs(residual) < abs(shift):
         overshoot = " (overshoots)" if residual * shift < 0 else ""
         effect = f"subtracting b ({b:.3g}) shrinks the log Z_S shift {shift:+.3g} to {residual:+.3g}: helps{overshoot}"
@@ -88,9 +89,11 @@ def reading(r: Mapping[str, float]) -> str:
         effect = (f"the log Z_S shift {shift:+.3g} is not inflated, so subtracting b ({b:.3g}) moves it to "
                   f"{residual:+.3g}: over-corrects")
     text = f"{head}; {effect}"
-    if "n_eff" in r and r["n_eff"] == r["n_eff"]:
+    if jensen > 0:  # the correction's model: b equals the Jensen term
+        text += f"; b is {b / jensen:.2g}x the Jensen term"
+    if math.isfinite(r.get("n_eff", math.nan)):
         frac = r.get("n_eff_fraction", math.nan)
-        text += f"; n_eff {r['n_eff']:.3g}" + (f" ({frac:.1%} of cached keys)" if frac == frac else "")
+        text += f"; n_eff {r['n_eff']:.3g}" + (f" ({frac:.1%} of cached keys)" if math.isfinite(frac) else "")
     return text
 
 
@@ -161,8 +164,8 @@ def uncorrected_diagnostics(results_dir: str | Path, model: str, bits: int = 2) 
         return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[f"no uncorrected INT{bits} run of {model}"])
     if need not in runs.columns or runs[need].isna().all():
         return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[
-            f"no uncorrected INT{bits} run of {model} recorded the error-model diagnostics (em_* probe keys): run "
-            "with attention.diagnostics=true and 'attention' in eval.metrics"])
+            (f"no uncorrected INT{bits} run of {model} recorded the error-model diagnostics (em_* probe keys): run "
+             "with attention.diagnostics=true and 'attention' in eval.metrics")])
     selection = comparable(runs[runs[need].notna()])
     opts = build_options(results_dir, model, selection)
     frames = {row: pd.concat([load_attention(results_dir, r).assign(run_id=r)

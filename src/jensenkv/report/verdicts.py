@@ -26,7 +26,8 @@ RULE = ("A claim states that a quantity lies above (or below) a reference: 0 for
         "other side, **inconclusive** when it touches or straddles the reference, **missing** when there is no "
         "interval (fewer than 2 videos). Over options: **holds** when every option with an interval holds, "
         "**holds when X** when only the options with X hold, **does not hold** when none holds and every one "
-        "fails, else **inconclusive**.")
+        "fails, else **inconclusive**. A paired verdict whose sign-flip p-value is >= 0.05 keeps its verdict but says "
+        "so (bootstrap intervals are optimistic on few videos).")
 
 
 def verdict(low: float, high: float, claimed: str = "above", reference: float = 0.0) -> str:
