@@ -364,10 +364,14 @@ def test_notebook_on_a_fresh_clone_says_there_are_no_runs_yet(tmp_path, monkeypa
 
 
 def test_a_verdict_the_paired_test_does_not_back_says_so():
-    from jensenkv.report.claims import _entry
+    from jensenkv.report.claims import Claim, _entry, render_claim
 
     weak = _entry("rtn", frozenset({"rtn"}), {}, 0.05, 1.45, 8, "above", "", p_value=0.16)
     assert weak.verdict == HOLDS and weak.note == "but p=0.16 >= 0.05: too few videos to be sure"
     assert _entry("rtn", frozenset(), {}, 0.05, 1.45, 8, "above", "", p_value=0.01).note == ""
     assert _entry("rtn", frozenset(), {}, -0.5, 1.45, 8, "above", "", p_value=0.6).note == ""  # inconclusive anyway
     assert _entry("rtn", frozenset(), {}, 0.05, 1.45, 1, "above", "one video").verdict == MISSING
+    claim = Claim("2", "title", "statement", [], [weak, _entry("qvg", frozenset({"qvg"}), {}, -1, 1, 8, "above", "")])
+    assert claim.summary == "holds when rtn"
+    assert claim.headline == "holds when rtn (not backed by the paired test (p >= 0.05): rtn)"
+    assert "Caveat: not backed by the paired test" in render_claim(claim)

@@ -88,6 +88,16 @@ class Claim:
     def summary(self) -> str:
         return summarize((e.option, e.tags, e.verdict) for e in self.entries)
 
+    @property
+    def caveat(self) -> str:
+        """"" or which options' verdicts the paired test does not back (shown beside the summary)."""
+        weak = [e.option for e in self.entries if e.note]
+        return f"not backed by the paired test (p >= {ALPHA}): {', '.join(weak)}" if weak else ""
+
+    @property
+    def headline(self) -> str:
+        return self.summary + (f" ({self.caveat})" if self.caveat else "")
+
 
 ALPHA = 0.05  # the level the 95% intervals correspond to
 
@@ -118,8 +128,8 @@ def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
               "uncorrected dP_S = P_S(quantized) - P_S(BF16), mean over videos of the per-video mean over probes: "
               "claimed above 0 (paper: median about +0.15 on MAGI-1)", ["dP_S uncorrected [95% CI]", "n"])
     b = Claim("1b", f"the {correction} correction brings dP_S to about 0",
-              f"paired per video: |dP_S| with {correction} - |dP_S| uncorrected: claimed below 0",
-              ["dP_S uncorrected", f"dP_S {correction}", "d|dP_S| [95% CI], p", "n"])
+              f"paired per video: abs(dP_S) with {correction} - abs(dP_S) uncorrected: claimed below 0",
+              ["dP_S uncorrected", f"dP_S {correction}", "d abs(dP_S) [95% CI], p", "n"])
     rows = _rows_at(opts, bits, "none")
     if not rows:
         a.missing.append(f"no uncorrected INT{bits} run in the store: run `python -m jensenkv.run -m "
@@ -231,7 +241,7 @@ def options_table(opts: Options) -> pd.DataFrame:
                                                      if opts.pooled_note(row, variant) else ""),
                 "n": max(dps.n, psnr.n),
                 "dP_S [95% CI]": fmt_interval(dps, "delta_p_s"),
-                "d|dP_S| vs none, p": "-" if base else fmt_paired(opts.paired(row, variant, "abs_delta_p_s"),
+                "d abs(dP_S) vs none, p": "-" if base else fmt_paired(opts.paired(row, variant, "abs_delta_p_s"),
                                                                  "delta_p_s"),
                 "PSNR [95% CI]": fmt_interval(psnr, "psnr", False),
                 "dPSNR vs none, p": "-" if base else fmt_paired(opts.paired(row, variant, "psnr"), "psnr"),
@@ -269,6 +279,8 @@ def _md_table(frame: pd.DataFrame) -> str:
 
 def render_claim(claim: Claim) -> str:
     lines = [f"### Claim {claim.key}: {claim.title} — **{claim.summary}**", "", claim.statement + ".", ""]
+    if claim.caveat:
+        lines += [f"Caveat: {claim.caveat}.", ""]
     reasons = {e.reason for e in claim.entries if e.verdict == MISSING}
     if claim.entries and claim.summary == MISSING and len(reasons) == 1:  # one reason for every option: say it once
         lines.append(f"- missing for every option: {portable(reasons.pop())}")
@@ -320,7 +332,7 @@ def render(reports: list[ModelReport], results_dir: str | Path, correction: str)
             lines += ["", f"Left out ({len(rep.opts.selection.left_out)} runs of other contexts, never mixed in):"]
             lines += [f"- {portable(x)}" for x in rep.opts.selection.left_out]
         lines += ["", "| claim | verdict |", "|---|---|"]
-        lines += [f"| {c.key}: {c.title} | {c.summary} |" for c in rep.claims]
+        lines += [f"| {c.key}: {c.title} | {c.headline} |" for c in rep.claims]
         lines.append("")
         lines += [render_claim(c) for c in rep.claims]
         lines.append(render_diagnostics(rep.diagnostics))
@@ -355,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     for rep in reports:
         for claim in rep.claims:
-            print(f"{rep.model} claim {claim.key}: {claim.summary}")
+            print(f"{rep.model} claim {claim.key}: {claim.headline}")
     print(f"claims: {path}")
 
 
