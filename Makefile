@@ -31,10 +31,11 @@ test: setup ## run the test suite (fast tests; CI runs this)
 test-full: setup ## run every test, slow ones included
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex} and results/figures/
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
 	$(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel
 	$(PY) -m jensenkv.report.table1
+	$(PY) -m jensenkv.report.claims
 
 train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
 	$(PY) scripts/train_tiny.py

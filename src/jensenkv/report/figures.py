@@ -1,4 +1,5 @@
-"""Figures: memory-quality trade-off, attention mass per layer and step, and the Jensen bias itself.
+"""Figures: memory-quality trade-off, attention mass per layer and step, the Jensen bias itself, and per-layer
+error-model diagnostics (``jensenkv.report.diagnostics``).
 
 Every function takes data (DataFrames from ``jensenkv.tracking.load_results`` / ``load_attention``) and
 returns a matplotlib Figure; ``write_figures`` picks the runs from a results directory and saves PNGs.
@@ -158,7 +159,8 @@ def rtn_runs(runs: pd.DataFrame, model: str | None = None) -> Selection:
 
 def write_figures(results_dir: str | Path = "results", out_dir: str | Path | None = None,
                   model: str | None = None, bits: int = 2, group_size: int = 32) -> dict[str, str]:
-    """Save tradeoff.png, attention_mass.png and jensen_bias.png; returns {figure: path or reason skipped}."""
+    """Save tradeoff.png, attention_mass.png, jensen_bias.png and diagnostics.png (per-layer error-model
+    diagnostics, ``jensenkv.report.diagnostics``); returns {figure: path or reason skipped}."""
     from jensenkv.tracking import load_attention, load_results
 
     results_dir = Path(results_dir)
@@ -201,6 +203,13 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
         save("attention_mass", plot_attention_mass(frames))
     else:
         written["attention_mass"] = f"skipped: no INT{bits} g{group_size} RTN run with attention probes"
+    from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
+
+    diag = uncorrected_diagnostics(results_dir, model, bits)
+    if diag.missing:
+        written["diagnostics"] = "skipped: " + "; ".join(diag.missing)
+    else:
+        save("diagnostics", plot_diagnostics(diag.table))
     return written
 
 

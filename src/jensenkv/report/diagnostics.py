@@ -1,0 +1,174 @@
+"""Per-layer error-model diagnostics: why the correction helps or over-corrects, layer by layer.
+
+Reads the ``em_*`` probe keys (``jensenkv.attention.diagnostics``, recorded with attention.diagnostics=true) of
+uncorrected runs and averages them per layer over denoising probes. The realized shift of the cached block's
+log partition sum splits as log_zs_shift = first_order + jensen; subtracting b removes predicted_taylor of it
+(to first order), leaving residual = log_zs_shift - predicted_taylor. The correction's model says
+first_order = 0 and predicted_taylor = jensen; a layer where first_order dominates, or where b exceeds the
+realized shift, is a layer the correction cannot fix or over-corrects. ``reading`` writes that down per layer.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from jensenkv.eval.attention import SUMMARY_KEYS, denoising_rows
+from jensenkv.eval.stats import mean_interval
+from jensenkv.report.options import build_options
+from jensenkv.report.selection import comparable
+from jensenkv.tracking import load_attention, load_results
+
+EM_KEYS = tuple(k for k in SUMMARY_KEYS if k.startswith("em_"))  # the probe keys of the diagnostics
+VIDEO = ("run_id", "prompt_index", "seed")  # one video of one run: the bootstrap unit
+COLUMNS = ("row", "layer", "theta", "var_ratio", "first_order", "jensen", "log_zs_shift", "predicted_taylor",
+           "residual", "residual_low", "residual_high", "n_eff", "n_eff_fraction", "delta_p_s", "videos", "reading")
+
+
+def has_diagnostics(frame: pd.DataFrame) -> bool:
+    """Whether a run's probe table carries the error-model diagnostics."""
+    return all(k in frame.columns for k in ("em_first_order", "em_jensen", "em_log_zs_shift",
+                                            "em_predicted_taylor")) and frame["em_log_zs_shift"].notna().any()
+
+
+def per_layer(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """{row label: probe table (``load_attention`` rows of one or more runs, with a run_id column)} -> one row
+    per (row, layer): the means of the em_* keys (without the prefix), the residual with its 95% interval over
+    videos, delta_p_s and a one-line reading."""
+    out = []
+    for label, frame in frames.items():
+        if not has_diagnostics(frame):
+            raise ValueError(f"the probes of {label!r} have no error-model diagnostics (em_* keys): run with "
+                             "attention.diagnostics=true")
+        rows = denoising_rows(frame).copy()
+        if "run_id" not in rows.columns:
+            rows["run_id"] = label
+        rows["em_residual"] = rows["em_log_zs_shift"] - rows["em_predicted_taylor"]
+        keys = [k for k in (*EM_KEYS, "em_residual", "delta_p_s") if k in rows.columns]
+        means = rows.groupby("layer")[keys].mean()
+        per_video = rows.groupby([*VIDEO, "layer"])["em_residual"].mean().reset_index()
+        for layer, mean in means.iterrows():
+            ci = mean_interval(per_video.loc[per_video["layer"] == layer, "em_residual"].to_numpy())
+            entry = {k.removeprefix("em_"): float(v) for k, v in mean.items()}
+            entry.update({"row": label, "layer": int(layer), "residual_low": ci.low, "residual_high": ci.high,
+                          "videos": ci.n})
+            entry["reading"] = reading(entry)
+            out.append(entry)
+    table = pd.DataFrame(out)
+    for col in COLUMNS:
+        if col not in table.columns:
+            table[col] = math.nan
+    return table[list(COLUMNS)]
+
+
+def reading(r: Mapping[str, float]) -> str:
+    """One line on a layer from its means (and the residual's interval, when given): which term moves log Z_S,
+    and what subtracting b does to it."""
+    first, jensen, shift, b = r["first_order"], r["jensen"], r["log_zs_shift"], r["predicted_taylor"]
+    residual = shift - b
+    low, high = r.get("residual_low", math.nan), r.get("residual_high", math.nan)
+    if abs(first) > abs(jensen):
+        head = f"first-order shift {first:+.3g} dominates the Jensen term {jensen:+.3g}"
+    else:
+        head = f"Jensen term {jensen:+.3g} dominates the first-order shift {first:+.3g}"
+    if low <= 0 <= high:  # the interval of what is left contains 0
+        effect = (f"subtracting b ({b:.3g}) removes the log Z_S shift {shift:+.3g} (left: {residual:+.3g}, 0 within "
+                  "its 95% CI)")
+    elif abs(residual) < abs(shift):
+        overshoot = " (overshoots)" if residual * shift < 0 else ""
+        effect = f"subtracting b ({b:.3g}) shrinks the log Z_S shift {shift:+.3g} to {residual:+.3g}: helps{overshoot}"
+    elif residual * shift < 0:
+        effect = f"subtracting b ({b:.3g}) turns the log Z_S shift {shift:+.3g} into {residual:+.3g}: over-corrects"
+    else:
+        effect = (f"the log Z_S shift {shift:+.3g} is not inflated, so subtracting b ({b:.3g}) moves it to "
+                  f"{residual:+.3g}: over-corrects")
+    text = f"{head}; {effect}"
+    if jensen > 0:  # the correction's model: b equals the Jensen term
+        text += f"; b is {b / jensen:.2g}x the Jensen term"
+    if math.isfinite(r.get("n_eff", math.nan)):
+        frac = r.get("n_eff_fraction", math.nan)
+        text += f"; n_eff {r['n_eff']:.3g}" + (f" ({frac:.1%} of cached keys)" if math.isfinite(frac) else "")
+    return text
+
+
+TERMS = (("first_order", "first-order shift", "tab:orange"), ("jensen", "Jensen term", "tab:purple"),
+         ("log_zs_shift", "realized log Z_S shift", "black"), ("predicted_taylor", "b removes (Taylor)", "tab:blue"))
+
+
+def plot_diagnostics(table: pd.DataFrame, per_line: int = 4) -> Figure:
+    """Per layer: the first-order shift, the Jensen term, the realized log Z_S shift, what b removes and the
+    residual (shift - b, with its interval) on top; n_eff below. One panel pair per row of ``per_layer``,
+    ``per_line`` side by side."""
+    if table.empty:
+        raise ValueError("table is empty: there are no per-layer diagnostics to draw")
+    labels = list(dict.fromkeys(table["row"]))
+    cols, lines = min(per_line, len(labels)), math.ceil(len(labels) / per_line)
+    fig, axes = plt.subplots(2 * lines, cols, figsize=(max(5.0, 4.2 * cols), 5.2 * lines + 0.8), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.3] * lines})
+    width = 0.8 / len(TERMS)
+    for j, label in enumerate(labels):
+        part = table[table["row"] == label].sort_values("layer")
+        x = np.arange(len(part))
+        top, bottom = axes[2 * (j // cols)][j % cols], axes[2 * (j // cols) + 1][j % cols]
+        for i, (key, name, color) in enumerate(TERMS):
+            top.bar(x + (i - (len(TERMS) - 1) / 2) * width, part[key], width, color=color, label=name)
+        err = np.vstack([part["residual"] - part["residual_low"], part["residual_high"] - part["residual"]])
+        top.errorbar(x, part["residual"], yerr=np.nan_to_num(err), fmt="D", color="tab:red", capsize=3,
+                     label="left after subtracting b (95% CI)")
+        top.axhline(0, color="gray", linewidth=0.8)
+        top.set_title(label, fontsize=9)
+        top.set_xticks(x, [])
+        top.grid(alpha=0.3, axis="y")
+        bottom.bar(x, part["n_eff"], color="tab:green")
+        bottom.set_xticks(x, [str(v) for v in part["layer"]])
+        bottom.set_xlabel("layer")
+        bottom.grid(alpha=0.3, axis="y")
+        if j % cols == 0:
+            top.set_ylabel("shift of log Z_S (cached keys)")
+            bottom.set_ylabel("n_eff (keys)")
+    for j in range(len(labels), lines * cols):
+        axes[2 * (j // cols)][j % cols].axis("off")
+        axes[2 * (j // cols) + 1][j % cols].axis("off")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, bbox_to_anchor=(0.5, 0.955))
+    fig.suptitle("why the correction helps or over-corrects, per layer (uncorrected runs)")
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+@dataclass
+class Diagnostics:
+    """Per-layer diagnostics of one model's uncorrected runs, the context they come from, or why there are none."""
+
+    table: pd.DataFrame  # per_layer
+    context: str = ""
+    missing: list[str] = field(default_factory=list)
+
+
+def uncorrected_diagnostics(results_dir: str | Path, model: str, bits: int = 2) -> Diagnostics:
+    """``per_layer`` over the model's uncorrected INT``bits`` runs that recorded the diagnostics, one row per
+    quantizer option (seeds pooled), all of one context (``jensenkv.report.options``)."""
+    runs = load_results(results_dir)
+    need = "em_log_zs_shift_mean"  # the run-level mean the runner stores when the probes carry diagnostics
+    if runs.empty or "model" not in runs.columns:
+        return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[f"no runs under {results_dir}"])
+    runs = runs[(runs["model"] == model) & (runs["quantizer"] != "bf16") & (runs["bits"] == bits)
+                & (runs["correction"] == "none")]
+    if runs.empty:
+        return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[f"no uncorrected INT{bits} run of {model}"])
+    if need not in runs.columns or runs[need].isna().all():
+        return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[
+            (f"no uncorrected INT{bits} run of {model} recorded the error-model diagnostics (em_* probe keys): run "
+             "with attention.diagnostics=true and 'attention' in eval.metrics")])
+    selection = comparable(runs[runs[need].notna()])
+    opts = build_options(results_dir, model, selection)
+    frames = {row: pd.concat([load_attention(results_dir, r).assign(run_id=r)
+                              for r in opts.members(row, "none")["run_id"]], ignore_index=True)
+              for row in opts.rows}
+    return Diagnostics(per_layer(frames), selection.context_desc)
