@@ -17,7 +17,13 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, segment_has_steps, validate_attention_inputs
+from jensenkv.attention._inputs import (
+    SegmentLike,
+    Strength,
+    resolve_scale,
+    segment_has_steps,
+    validate_attention_inputs,
+)
 from jensenkv.attention.cpu import augmented_inputs, bias_column_tables, exact_bias_mask, stacked_inputs
 
 _compiled_flex: Callable | None = None
@@ -39,13 +45,14 @@ def flex_cached_attention(
     segments: Sequence[SegmentLike],
     correction: str = "none",
     scale: float | None = None,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
     max_unrolled: int = 16,
     compile_kernel: bool | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
 
-    ``compile_kernel`` defaults to True on CUDA tensors, False otherwise.
+    ``compile_kernel`` defaults to True on CUDA tensors, False otherwise. ``strength``: a float or a (H,)
+    tensor of per-head strengths, folded into q_coef (or the bias table) before the kernel.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     if max_unrolled < 1:
