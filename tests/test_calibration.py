@@ -25,12 +25,12 @@ def synthetic_moments(rng: np.random.Generator, videos: int = 8, queries: int = 
     """(L, H, V, 6) sums of samples delta = S_TRUE * <b> + noise, with a per-video offset (correlated queries)."""
     layers, heads = S_TRUE.shape
     moments = np.zeros((layers, heads, videos, len(HEAD_MOMENT_KEYS)))
-    for l in range(layers):
+    for layer in range(layers):
         for h in range(heads):
             for v in range(videos):
                 x = rng.uniform(0.05, 0.3, queries)  # <b> > 0: the Taylor bias is positive
-                y = S_TRUE[l, h] * x + video_noise * rng.standard_normal() + noise * rng.standard_normal(queries)
-                moments[l, h, v] = [queries, x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), (y * y).sum()]
+                y = S_TRUE[layer, h] * x + video_noise * rng.standard_normal() + noise * rng.standard_normal(queries)
+                moments[layer, h, v] = [queries, x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), (y * y).sum()]
     return moments
 
 
@@ -67,7 +67,7 @@ def write_file(path: Path, spec, strengths=None, prompts=("a magenta square movi
                **changes) -> Path:
     """A calibration file fitted (by hand) for ``spec``'s model, quantizer and correction."""
     layers, heads = 4, 1  # the tiny model
-    strengths = strengths if strengths is not None else [[0.5 - 0.25 * l] for l in range(layers)]
+    strengths = strengths if strengths is not None else [[0.5 - 0.25 * layer] for layer in range(layers)]
     content = {"format": CALIBRATION_FORMAT, "name": "test", "strengths": strengths,
                "num_samples": [[100] * heads] * layers, "std_error": [[0.1] * heads] * layers, "objective": "test",
                "identity": calibration_identity(spec), "calibration": {"prompts": list(prompts), "seeds": [0]},

@@ -23,7 +23,6 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,7 +197,3 @@ def digest(path: str | None) -> str | None:
     """The content digest of a calibration file (None without one)."""
     return None if path is None else load_calibration(path).digest
 
-
-def per_head(values: Sequence[Sequence[float]]) -> list[list[float]]:
-    """A [layers][heads] table as plain floats (JSON)."""
-    return [[float(v) for v in row] for row in values]
