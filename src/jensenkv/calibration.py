@@ -29,6 +29,7 @@ from typing import Any
 
 CALIBRATION_FORMAT = "jensenkv-calibration/1"
 KEY = "attention.calibration"
+LOCATION_FIELDS = ("device", "weights_dir", "cache_dir")  # model fields that say where, not what
 REQUIRED = ("format", "strengths", "num_samples", "std_error", "objective", "identity", "calibration")
 
 
@@ -103,11 +104,12 @@ def prompt_key(prompt: str) -> str:
 
 def calibration_identity(run: Any) -> dict:
     """What calibrated strengths belong to (``run``: a jensenkv.config.RunConfig): the model (its config
-    without the device, its weights' digest), the key quantizer (whose error the correction targets) and the
-    correction. Values, cache layout and sampler are recorded in the file but not required to match."""
+    without where it runs or where its files sit on this machine, plus its weights' digest), the key quantizer
+    (whose error the correction targets) and the correction. Values, cache layout and sampler are recorded in
+    the file but not required to match."""
     from jensenkv.run.spec import weights_digest
 
-    model = {k: v for k, v in run.model.to_dict().items() if k != "device"}
+    model = {k: v for k, v in run.model.to_dict().items() if k not in LOCATION_FIELDS}
     return {"model": model, "weights": weights_digest(run.model), "key": dataclasses.asdict(run.key),
             "correction": run.attention.correction}
 
