@@ -191,3 +191,26 @@ def test_calibrate_then_run_end_to_end(tmp_path: Path, tiny_weights: Path, monke
     corrected = [s for c, s in seen if c == "taylor"]  # the BF16 reference runs uncorrected, strength 1
     assert corrected and all(isinstance(s, torch.Tensor) and s.shape == (1,) for s in corrected)  # every layer
     assert sorted({float(s) for s in corrected}) == pytest.approx(expected, rel=1e-6)
+
+
+def test_models_hold_their_layers_strengths(tmp_path: Path) -> None:
+    """MAGI-1's layer caches resolve strength x file[l] per layer once; a file of another depth or width is refused
+    where the model's shape is known."""
+    from jensenkv.cache import CacheConfig
+    from jensenkv.models.magi.attention import MagiLayerCaches
+    from jensenkv.quant import QuantConfig
+
+    path = tmp_path / "two_layers.json"
+    path.write_text(json.dumps({"format": CALIBRATION_FORMAT, "strengths": [[0.5, -1.0], [2.0, 0.0]],
+                                "num_samples": [[1, 1], [1, 1]], "std_error": [[None, None], [None, None]],
+                                "objective": "test", "identity": {}, "calibration": {"prompts": []}}))
+    attention = AttentionConfig(correction="taylor", strength=-2.0, calibration=str(path))
+    quant = QuantConfig(bits=2, group_size=32)
+    caches = MagiLayerCaches(2, 64, 1, CacheConfig(key=quant, value=quant), attention)
+    assert caches.strength(0, torch.device("cpu")).tolist() == [-1.0, 2.0]
+    assert caches.strength(1, torch.device("cpu")).tolist() == [-4.0, -0.0]
+    with pytest.raises(ValueError, match=r"2 layers x 2 heads, the model has 3 layers"):
+        MagiLayerCaches(3, 64, 1, CacheConfig(key=quant, value=quant), attention)
+    with pytest.raises(ValueError, match=r"2 layers x 2 heads, the model has 2 layers x 4 heads"):
+        layer_strengths(attention, 2, heads=4)
+    assert layer_strengths(AttentionConfig(strength=0.3), 3) == [0.3, 0.3, 0.3]  # no file: the float, every layer
