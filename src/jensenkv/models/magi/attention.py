@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.calibration import layer_strengths
 from jensenkv.correction import GroupSteps
 from jensenkv.attention.backends import get_backend
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
@@ -60,8 +61,6 @@ class MagiLayerCaches:
             cache_config = replace(cache_config, keep_reference=True)  # probes compare with the full-precision cache
         self.cache_config = cache_config
         self.attention = attention
-        from jensenkv.calibration import layer_strengths
-
         self.strengths = layer_strengths(attention, self.num_layers)  # per layer: float or (H,) per-head tensor
         self.reset()
 

@@ -9,6 +9,7 @@ from diffusers import SkyReelsV2Transformer3DModel
 from diffusers.hooks import HookRegistry
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.calibration import layer_strengths
 from jensenkv.generate import GenerationConfig, check_kv_range
 from jensenkv.models.loaders import TRANSFORMER_CLASSES
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
@@ -124,8 +125,6 @@ class ChunkwiseAdapter:
 
     def _set_strengths(self, attention: AttentionSettings) -> None:
         """Each processor's strength: the global float, or its layer's (H,) strengths of attention.calibration."""
-        from jensenkv.calibration import layer_strengths
-
         strengths = layer_strengths(attention, len(self.processors), int(self.transformer.config.num_attention_heads))
         for proc in self.processors:
             proc.strength = strengths[proc.layer_index]
