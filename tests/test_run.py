@@ -195,7 +195,8 @@ def test_offline_wandb_gets_config_metrics_video_and_attention_plot(tmp_path, we
     (["quant.bits=5"], "quant.bits", "5"),
     (["quant.rotation=foo"], "quant.rotation", "'foo'"),
     (["attention.correction=bar"], "attention.correction", "'bar'"),
-    (["attention.strength=-1"], "attention.strength", "-1"),
+    (["attention.strength=nan"], "attention.strength", "nan"),  # signed strengths are allowed, non-finite ones not
+    (["correction=taylor", "attention.calibration=absent.json"], "attention.calibration", "'absent.json'"),
     (["quant=qvg", "quant.qvg_centroids=256"], "quant.qvg_centroids", "256"),
     (["quant=kivi", "quant.group_size=512"], "quant.group_size", "512"),
     (["cache.values=half"], "cache.values", "'half'"),
@@ -249,7 +250,7 @@ def _cli(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.Co
     (["-m", "quant.bits=2,2.0"], "error: Error merging override quant.bits=2.0: quant.bits: Value '2.0' of type "
                                  "'float' could not be converted to Integer"),
     (["-m", "correction=none,taylor", "attention.strength=inf"],
-     "error: attention.strength=inf is not allowed: must be a finite number >= 0"),
+     "error: attention.strength=inf is not allowed: must be a finite number (signed: a global multiplier)"),
 ])
 def test_cli_rejects_bad_input_in_one_line_without_touching_results(tmp_path, weights, args, expected):
     results = tmp_path / "results"

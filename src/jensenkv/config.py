@@ -362,15 +362,23 @@ class AttentionConfig:
 
     backend: a kernel of jensenkv.attention.ATTENTION_BACKENDS: "cached" (fast CPU path), "reference" (the
         readable oracle), "flex" (GPU FlexAttention), or one registered there.
-    correction: Jensen-bias correction of the cached scores; strength scales it (1.0: the paper's).
+    correction: Jensen-bias correction of the cached scores; strength scales it (1.0: the paper's; any finite
+        value, signed: a negative strength adds the bias).
     second_order: subtract b (1 - pi) instead of b (pi: the key's softmax weight in its row), which corrects
         log Z to second order where b over-corrects peaky attention (jensenkv.attention.second_order). Needs
         correction taylor or exact; backends flex and triton refuse it (cached and reference implement it).
+    calibration: null, or the path of a calibration file of signed per-(layer, head) strengths
+        (``python -m jensenkv.calibrate``, jensenkv.calibration): the effective strength of layer l, head h is
+        strength x file[l][h]. A run refuses a file fitted for another model, quantizer or correction, with
+        other layer/head counts, or on prompts it evaluates; the file's digest is part of the run's id.
     probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
         eval.metrics has "attention" (null: all). Real models' presets set evenly spaced subsets
         (jensenkv.attention.probes.evenly_spaced): every layer x step x chunk x branch is ~7,200 calls per video.
     diagnostics: each probe also records theta, Var(e)/(D^2/12), the first-order / Jensen split of the cached
         partition's shift and n_eff (keys em_*): why the correction helps or over-corrects, per layer and step.
+    head_moments: each probe also records per-head sums of the realized cached log-partition shift and of the
+        correction's softmax-weighted bias (keys hm_*, lists of H; jensenkv.attention.diagnostics.head_shift_moments):
+        what ``python -m jensenkv.calibrate`` fits per-(layer, head) strengths from.
     probes: whether probes are recorded; a run derives it from eval.metrics, Python callers set it.
     """
 
@@ -378,9 +386,11 @@ class AttentionConfig:
     correction: str = "none"
     strength: float = 1.0
     second_order: bool = False  # the b (1 - pi) correction (configs/correction/taylor2.yaml)
+    calibration: Optional[str] = None  # path of a per-(layer, head) strength file (jensenkv.calibrate)
     probe_layers: Optional[list[int]] = None
     probe_steps: Optional[list[int]] = None
     diagnostics: bool = False  # add the error-model diagnostics (jensenkv.attention.diagnostics) to each probe
+    head_moments: bool = False  # add per-head shift / bias sums to each probe (what jensenkv.calibrate fits)
     probes: bool = False
 
     def __post_init__(self) -> None:
@@ -388,7 +398,11 @@ class AttentionConfig:
 
         check_choice("attention.backend", self.backend, tuple(ATTENTION_BACKENDS))
         check_choice("attention.correction", self.correction, CORRECTIONS)
-        check_finite("attention.strength", self.strength, 0)
+        if isinstance(self.strength, bool) or not isinstance(self.strength, (int, float)) \
+                or not math.isfinite(self.strength):
+            fail("attention.strength", self.strength, "must be a finite number (signed: a global multiplier)")
+        if self.calibration is not None and (not isinstance(self.calibration, str) or not self.calibration.strip()):
+            fail("attention.calibration", self.calibration, "must be null or the path of a calibration file")
         self._check_second_order()
         for key in ("probe_layers", "probe_steps"):
             value = getattr(self, key)
@@ -397,7 +411,7 @@ class AttentionConfig:
             if isinstance(value, (str, bytes)) or not all(is_int(i) and i >= 0 for i in value):
                 fail(f"attention.{key}", value, "use null (all) or a list of integer indices >= 0")
             setattr(self, key, sorted(set(value)))
-        for key in ("probes", "diagnostics"):
+        for key in ("probes", "diagnostics", "head_moments"):
             if not isinstance(getattr(self, key), bool):
                 fail(f"attention.{key}", getattr(self, key), "must be true or false")
 
@@ -543,7 +557,13 @@ class RunConfig:
                  f"with granularity=channel it counts tokens and must be <= the {tokens_per_chunk} tokens of a chunk")
         if self.is_reference:  # nothing quantized: nothing to correct
             self.attention = dataclasses.replace(self.attention, correction="none", strength=1.0, second_order=False)
+        if self.attention.correction == "none":  # no bias to scale: the file changes nothing
+            self.attention = dataclasses.replace(self.attention, calibration=None)
         self.attention = dataclasses.replace(self.attention, probes="attention" in self.eval.metrics)
+        if self.attention.calibration is not None:  # refused here, before any model is loaded
+            from jensenkv.calibration import check_calibration
+
+            check_calibration(self)
 
     # --- derived views -----------------------------------------------------------------------------------
     @property
@@ -598,9 +618,11 @@ class RunConfig:
             "correction": self.attention.correction,
             "strength": self.attention.strength,
             "second_order": self.attention.second_order,
+            "calibration": self.calibration_digest,
             "probe_layers": self.attention.probe_layers if self.attention.probes else None,
             "probe_steps": self.attention.probe_steps if self.attention.probes else None,
             "diagnostics": self.attention.diagnostics and self.attention.probes,
+            "head_moments": self.attention.head_moments and self.attention.probes,
             "prompts": self.prompts,
             "seeds": list(self.eval.seeds),
             "metrics": metrics,
@@ -625,8 +647,17 @@ class RunConfig:
                 "sink_chunks": self.cache.sink_chunks, "window_chunks": self.cache.window_chunks,
                 "full_precision_dtype": self.cache.full_precision_dtype, "backend": self.attention.backend}
 
+    @property
+    def calibration_digest(self) -> str | None:
+        """Content digest of the run's calibration file (None without one): two calibrations are two runs."""
+        from jensenkv.calibration import digest
+
+        return digest(self.attention.calibration)
+
     def labels(self) -> dict:
         """Columns of the results table that describe the run."""
+        from jensenkv.calibration import strength_label
+
         quantized = self.key.method != "none"
         return {
             "model": self.model.name,
@@ -638,8 +669,9 @@ class RunConfig:
             "rotation": self.key.rotation if quantized else "none",
             "values": self.values_mode,
             "correction": self.attention.correction,
-            "strength": self.attention.strength,
+            "strength": strength_label(self.attention.strength, self.attention.calibration),
             "second_order": self.attention.second_order,
+            "calibration": self.calibration_digest,
             "sink_chunks": self.cache.sink_chunks,
             "window_chunks": self.cache.window_chunks,
         }

@@ -499,7 +499,7 @@ def record_row(record: Mapping[str, Any]) -> dict:
     return row
 
 
-COMPARED = ("correction", "strength")   # what a Table 1 cell compares: everything else must be equal
+COMPARED = ("correction", "strength", "calibration")  # what a Table 1 cell compares: everything else must be equal
 QUANTIZER = ("key", "value")            # what distinguishes the rows of one table
 
 

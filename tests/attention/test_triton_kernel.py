@@ -187,3 +187,20 @@ def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> N
             adapter.commit(x, c, "cond")
         outputs[backend] = torch.cat([o.flatten() for o in outs])
     assert relative_error(outputs["triton"], outputs["cached"]) <= 1e-4
+
+
+@pytest.mark.parametrize(("correction", "key_scale"), [("taylor", 1.0), ("exact", 1.0), ("exact", 40.0)])
+def test_triton_head_strengths_equal_a_loop_of_float_strengths(correction: str, key_scale: float,
+                                                               triton_device: str) -> None:
+    """A (Hq,) strength on 4 query heads over 2 KV heads: folded into the bias columns (taylor, series) or
+    read per head in the kernel (exact beyond the series' range, key_scale 40)."""
+    segments = build("int2-g8", lengths=(12, 5), key_scale=key_scale, device=triton_device)
+    q, k, v = inputs(4, 2, n_q=7, seed=8, device=triton_device)
+    strength = torch.tensor([0.8, -1.2, 0.0, 2.0], device=triton_device)  # (Hq,)
+    actual = triton_cached_attention(q, k, v, segments, correction, strength=strength)
+    for h, s in enumerate(strength.tolist()):
+        alone = triton_cached_attention(q, k, v, segments, correction, strength=s)[:, h]
+        assert relative_error(actual[:, h], alone) <= 1e-5, h
+    assert relative_error(actual, oracle(q, k, v, segments, correction, strength=strength)) <= 1e-3
+    with pytest.raises(ValueError, match=r"strength has shape \(2,\).*\(H,\) = \(4,\)"):
+        triton_cached_attention(q, k, v, segments, correction, strength=strength[:2])  # KV heads, not query heads

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, Union
 
 import torch
 
@@ -36,21 +36,52 @@ def resolve_scale(scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
+Strength = Union[float, torch.Tensor]  # a global float, or a (H,) tensor of per-query-head strengths
+
+
+def check_strength(strength: Strength, heads: int) -> None:
+    """Raise ValueError unless ``strength`` is a finite number or a real (H=heads,) tensor of finite strengths.
+
+    Signed values are allowed (a negative strength adds the bias). A tensor's values are checked where that
+    costs no device sync: on the CPU; a device tensor is the caller's to check where it is made
+    (``jensenkv.strengths`` checks a calibration file's on load).
+    """
+    if isinstance(strength, torch.Tensor):
+        if strength.ndim != 1 or strength.shape[0] != heads or not strength.dtype.is_floating_point:
+            raise ValueError(
+                f"strength has shape {tuple(strength.shape)} and dtype {strength.dtype}: a per-head strength must "
+                f"be a floating tensor of shape (H,) = ({heads},), one finite value per query head, or a float"
+            )
+        if strength.device.type == "cpu" and not bool(torch.isfinite(strength).all()):
+            raise ValueError(f"strength={strength.tolist()} is not allowed: every per-head strength must be finite")
+        return
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
+        raise ValueError(f"strength={strength!r} is not allowed: it must be a finite number or a (H,) tensor "
+                         "of finite per-head strengths")
+
+
+def strength_view(strength: Strength, like: torch.Tensor, dtype: torch.dtype | None = None) -> Strength:
+    """A float as it is; a (H,) tensor as a (1, H, 1, 1) view on ``like``'s device (in ``dtype``, default
+    ``like``'s), to multiply (B, H, ...) bias factors head by head."""
+    if isinstance(strength, torch.Tensor):
+        return strength.to(device=like.device, dtype=dtype or like.dtype).view(1, -1, 1, 1)
+    return strength
+
+
 def validate_attention_inputs(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
     segments: Sequence[SegmentLike],
     correction: str,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
 ) -> None:
     """Raise ValueError naming the argument, its value and what is allowed."""
     if correction not in CORRECTIONS:
         raise ValueError(f"correction={correction!r} is not allowed: use one of {CORRECTIONS}")
-    if not math.isfinite(strength):
-        raise ValueError(f"strength={strength} is not allowed: it must be a finite number")
     if q.ndim != 4:
         raise ValueError(f"q.shape={tuple(q.shape)} is not allowed: q must be (B, H, Q, D)")
+    check_strength(strength, q.shape[1])
     batch, heads, _, dim = q.shape
     if k_cur.ndim != 4 or k_cur.shape[:2] != (batch, heads) or k_cur.shape[-1] != dim:
         raise ValueError(

@@ -6,7 +6,8 @@ Q, QR (B, Hq, M, D) float32 query and rotated query; QB (B, Hq, M, NB) bias quer
 KC/VC (B, Hkv, N, D*bits/8) uint8 packed codes; KS/KZ, VS/VZ (B, Hkv, R, G) steps and zero points in
 their stored dtypes; KROW/VROW (N,) int32 stat row of each token; KF/VF (B, Hkv, NF, D/Dv) float32
 full-precision keys and values; O, OF (B, Hq, M, Dv) outputs of the quantized and full-precision
-parts (each divided by the common softmax sum); LSE (B, Hq, M).
+parts (each divided by the common softmax sum); LSE (B, Hq, M); strength (Hq,) float32 per-query-head strength
+(read by the elementwise bias only: the other biases carry it in QB).
 """
 import triton
 import triton.language as tl
@@ -144,7 +145,7 @@ def cached_attention_kernel(
                         qc = tl.load(QR + q_rows * DIM + c, mask=mask_m, other=0.0)
                         st = tl.load(KS + stat + c // CS, mask=mask_n, other=0).to(tl.float32)
                         bias += log_sinhc(half_scale * qc[:, None] * st[None, :], COEF, SMALL_TERMS)
-                    bias = bias * strength
+                    bias = bias * tl.load(strength + bh % HQ)
                 s = s - bias
             s = tl.where(mask_n[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, row_max(s))

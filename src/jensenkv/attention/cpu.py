@@ -5,7 +5,8 @@ per device and dtype, shared by all layers, grown to the widest window seen), ne
 - none:   SDPA on [cached..., current] K/V written into the workspace.
 - taylor: the bias strength * scale^2/24 * sum_j qn2_j step_j^2 is a dot product over G extra
   columns, so SDPA sees q_aug = [q, -strength*scale/24 * qn2] and k_aug = [k, step^2] (zeros for
-  the current chunk and for segments without steps) with ``scale`` passed explicitly. Values are
+  the current chunk and for segments without steps) with ``scale`` passed explicitly. A (H,) tensor of
+  per-head strengths multiplies the query columns head by head (a (1, H, 1, 1) view). Values are
   zero-padded to the same width so the flash kernel applies. Segments with different (G, rotation)
   get their own columns. The key columns come from the stored steps at each call (no stored bytes).
 - exact:  while every |x| <= SERIES_MAX_ARG, the series form of the bias folded in the same way (G
@@ -25,9 +26,11 @@ import torch.nn.functional as F
 
 from jensenkv.attention._inputs import (
     SegmentLike,
+    Strength,
     resolve_scale,
     segment_has_steps,
     segment_shape,
+    strength_view,
     validate_attention_inputs,
 )
 from jensenkv.attention.second_order import check_second_order, second_order_scores
@@ -97,7 +100,7 @@ def cached_attention(
     segments: Sequence[SegmentLike],
     correction: str = "none",
     scale: float | None = None,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
     second_order: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv)."""
@@ -137,7 +140,7 @@ def stacked_inputs(
 
 
 def _bias_columns(
-    q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float, strength: float
+    q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float, strength: Strength
 ) -> tuple[dict, Callable[[torch.Tensor, tuple, torch.Tensor], None]] | None:
     """Per step kind: query columns (B, H, Q, C_kind) pre-divided by -scale/strength, and a function writing
     key columns (B, H, K, C_kind) of token steps (B, H, K, G) into a view, so that
@@ -147,6 +150,7 @@ def _bias_columns(
     some |x| may exceed SERIES_MAX_ARG (the caller then uses the elementwise bias as a mask).
     """
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    weight = strength_view(strength, q, work)  # float or (1, H, 1, 1): multiplies the query columns per head
     kinds: dict[tuple[int, int], list[tuple[torch.Tensor, object]]] = {}
     for seg in segments:
         if segment_has_steps(seg):
@@ -156,14 +160,14 @@ def _bias_columns(
         groups, rotation = kind[0], members[0][1]
         qb = q.to(work) if rotation is None else rotation.apply(q.to(work))  # (B, H, Q, D) in the steps' basis
         if correction == "taylor":
-            q_cols[kind] = -(strength * scale / 24.0) * query_group_sq_norms(qb, groups)  # (B, H, Q, G)
+            q_cols[kind] = -(weight * scale / 24.0) * query_group_sq_norms(qb, groups)  # (B, H, Q, G)
             continue
         q_max = qb.abs().amax()
         bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
         terms = series_terms(bound)
-        q_cols[kind] = -(strength / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
+        q_cols[kind] = -(weight / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)
 
     def key_columns(step: torch.Tensor, kind: tuple, out: torch.Tensor) -> None:
@@ -205,7 +209,7 @@ def augmented_inputs(
     segments: Sequence[SegmentLike],
     correction: str,
     scale: float,
-    strength: float,
+    strength: Strength,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """q_aug (B, H, Q, E), k_aug (B, H, K_total, E), v_pad (B, H, K_total, E) with E = max(D + C, Dv),
     views of the shared workspace (valid until the next attention call).
@@ -255,7 +259,7 @@ def bias_column_tables(
     segments: Sequence[SegmentLike],
     correction: str,
     scale: float,
-    strength: float,
+    strength: Strength,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Only the bias's factors: q_coef (B, H, Q, C) and k_cols (B, H, K_total, C) with
     strength * bias = q_coef . k_cols on cached step-carrying keys (k_cols zero elsewhere), C the bias
@@ -285,15 +289,16 @@ def exact_bias_mask(
     k_cur: torch.Tensor,
     segments: Sequence[SegmentLike],
     scale: float,
-    strength: float,
+    strength: Strength,
 ) -> torch.Tensor:
     """Additive mask (B, H, Q, K_total) in q's dtype: -exact bias on step-carrying cached columns, else 0."""
+    weight = strength_view(strength, q)  # float or (1, H, 1, 1)
     blocks = []
     for seg in segments:
         if not segment_has_steps(seg):
             blocks.append(q.new_zeros(*q.shape[:-1], segment_shape(seg, "k")[2]))  # (B, H, Q, K_i)
         else:
-            blocks.append(-group_bias(q, seg.steps, "exact", scale, strength).to(q.dtype))
+            blocks.append(-(weight * group_bias(q, seg.steps, "exact", scale)).to(q.dtype))
     blocks.append(q.new_zeros(*q.shape[:-1], k_cur.shape[-2]))  # (B, H, Q, R): current chunk, no bias
     return torch.cat(blocks, dim=-1)
 

@@ -82,3 +82,57 @@ def segment_diagnostics(q: torch.Tensor, segments, scale: float | None = None) -
         k_ref, k_hat, step = (t.repeat_interleave(groups, dim=1) for t in (k_ref, k_hat, step))
     out = error_model_diagnostics(q, k_ref, k_hat, GroupSteps(step, rotation), scale)
     return {f"em_{k}": v for k, v in out.items()}
+
+
+HEAD_MOMENT_KEYS = ("hm_count", "hm_bias", "hm_shift", "hm_bias_sq", "hm_bias_shift", "hm_shift_sq")
+_MOMENT_TILE = 1 << 22  # elements of one (B, H, tile, K) score matrix
+
+
+def head_shift_moments(q: torch.Tensor, segments, correction: str, scale: float | None = None) -> dict[str, list]:
+    """Per-head sums behind a fitted strength s with s * <b> ~ delta (``jensenkv.calibrate``), over one call's
+    queries: for each query, over every cached key i (quantized or not; unquantized ones have b_i = 0),
+
+    - delta = log Z_S(k_hat) - log Z_S(k): the realized shift of the cached log-partition (dequantized vs
+      full-precision keys, both without bias);
+    - <b> = sum_i pi_hat_i b_i / sum_i pi_hat_i: the correction's bias (``correction``, strength 1) averaged
+      under the dequantized softmax over cached keys, so that subtracting s * b lowers log Z_S(k_hat) by
+      s * <b> to first order.
+
+    q: (B, H, Q, D). Returns lists of H floats under HEAD_MOMENT_KEYS: count (queries x batch), sum <b>,
+    sum delta, sum <b>^2, sum <b> delta, sum delta^2. Empty dict when no segment carries steps or the
+    correction is "none". Float64, query-tiled (a probe, not a hot path).
+    """
+    if correction == "none" or not any(s.steps is not None for s in segments):
+        return {}
+    q = q.double()
+    d = q.shape[-1]
+    scale = d ** -0.5 if scale is None else float(scale)
+    heads = q.shape[1]
+    k_hat = torch.cat([s.k for s in segments], dim=2).double()  # (B, Hk, K, D)
+    k_ref = torch.cat([s.k if s.k_ref is None else s.k_ref for s in segments], dim=2).double()
+    groups = heads // k_hat.shape[1]
+
+    def per_query_heads(x: torch.Tensor) -> torch.Tensor:  # (B, Hk, ...) -> (B, H, ...)
+        return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+    k_hat, k_ref = per_query_heads(k_hat), per_query_heads(k_ref)
+    sums = torch.zeros(len(HEAD_MOMENT_KEYS), heads, dtype=torch.float64, device=q.device)
+    tile = max(1, _MOMENT_TILE // max(1, q.shape[0] * heads * k_hat.shape[2]))
+    for start in range(0, q.shape[2], tile):
+        q_t = q[:, :, start:start + tile]  # (B, H, t, D)
+        blocks = []
+        for seg in segments:
+            if seg.steps is None:
+                blocks.append(q_t.new_zeros(*q_t.shape[:-1], seg.k.shape[2]))  # (B, H, t, K_i): b = 0
+            else:
+                steps = GroupSteps(per_query_heads(seg.steps.step.double()), seg.steps.rotation)
+                blocks.append(group_bias(q_t, steps, correction, scale))  # (B, H, t, K_i)
+        bias = torch.cat(blocks, dim=-1)  # (B, H, t, K)
+        s_hat = scale * q_t @ k_hat.transpose(-1, -2)  # (B, H, t, K)
+        s_ref = scale * q_t @ k_ref.transpose(-1, -2)
+        delta = torch.logsumexp(s_hat, dim=-1) - torch.logsumexp(s_ref, dim=-1)  # (B, H, t)
+        mean_b = (torch.softmax(s_hat, dim=-1) * bias).sum(-1)  # (B, H, t)
+        ones = torch.ones_like(delta)
+        stacked = torch.stack([ones, mean_b, delta, mean_b.square(), mean_b * delta, delta.square()])  # (6, B, H, t)
+        sums += stacked.sum(dim=(1, 3))
+    return dict(zip(HEAD_MOMENT_KEYS, sums.tolist()))

@@ -17,7 +17,13 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, segment_has_steps, validate_attention_inputs
+from jensenkv.attention._inputs import (
+    SegmentLike,
+    Strength,
+    resolve_scale,
+    segment_has_steps,
+    validate_attention_inputs,
+)
 from jensenkv.attention.cpu import augmented_inputs, bias_column_tables, exact_bias_mask, stacked_inputs
 from jensenkv.attention.second_order import refuse_second_order
 
@@ -40,15 +46,16 @@ def flex_cached_attention(
     segments: Sequence[SegmentLike],
     correction: str = "none",
     scale: float | None = None,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
     max_unrolled: int = 16,
     compile_kernel: bool | None = None,
     second_order: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
 
-    ``compile_kernel`` defaults to True on CUDA tensors, False otherwise. ``second_order`` is refused (the
-    score_mod cannot see the row's softmax): ValueError naming the backends that implement it.
+    ``compile_kernel`` defaults to True on CUDA tensors, False otherwise. ``strength``: a float or a (H,)
+    tensor of per-head strengths, folded into q_coef (or the bias table) before the kernel. ``second_order`` is
+    refused (the score_mod cannot see the row's softmax): ValueError naming the backends that implement it.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     refuse_second_order(second_order, "flex")

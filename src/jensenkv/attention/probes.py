@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
+from jensenkv.attention._inputs import SegmentLike, Strength, resolve_scale, strength_view, validate_attention_inputs
 from jensenkv.attention.second_order import check_second_order, second_order_scores
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
@@ -42,7 +42,7 @@ def attention_probes(
     segments: Sequence[SegmentLike],
     correction: str = "none",
     scale: float | None = None,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
     query_tile: int = 1024,
     second_order: bool = False,
 ) -> dict[str, float]:
@@ -52,7 +52,8 @@ def attention_probes(
     over batch, heads and queries; p_s_ref: the same with the full-precision cache and no bias;
     delta_p_s = p_s - p_s_ref; jsd: mean over rows of the Jensen-Shannon divergence (natural log, in
     [0, log 2]) between quantized and reference rows; out_mse, out_rel_err: attention output vs the
-    reference output (mean squared error, ||o - o_ref|| / ||o_ref||); bias_mean: mean bias subtracted on
+    reference output (mean squared error, ||o - o_ref|| / ||o_ref||); strength: a float or a (H,) tensor of
+    per-head strengths; bias_mean: mean (strength-weighted) bias subtracted on
     step-carrying cached keys (0 without correction); *_head_median: median over heads of the
     per-head mean (over batch and queries). ``second_order``: the quantized attention uses the scores
     s_hat - b (1 - pi) the attention backends use (``jensenkv.attention.second_order``), and bias_mean is the
@@ -126,7 +127,7 @@ def attention_probes(
 
 
 def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float,
-                    strength: float) -> list[tuple[int, int, Callable[[slice], torch.Tensor]]]:
+                    strength: Strength) -> list[tuple[int, int, Callable[[slice], torch.Tensor]]]:
     """(column offset, width, rows -> strength * bias (B, H, t, K_i)) per step-carrying segment.
 
     The query factors are computed once for all rows; the exact bias's series-or-elementwise choice is
@@ -140,6 +141,7 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
         offset += width
     if not entries:
         return []
+    strength = strength_view(strength, q)  # float or (1, H, 1, 1): every bias below is (B, H, ...)
     based = [bias_basis_query(q, steps) for _, _, steps in entries]  # (B, H, Q, D) each
     steps_w = [steps.step.to(q.dtype) for _, _, steps in entries]  # (B, H, K_i, G) each
     out = []

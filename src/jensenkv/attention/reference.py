@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, validate_attention_inputs
+from jensenkv.attention._inputs import SegmentLike, Strength, resolve_scale, strength_view, validate_attention_inputs
 from jensenkv.attention.second_order import check_second_order
 from jensenkv.correction import bias_basis_query, expand_group_steps, jensen_bias
 
@@ -21,29 +21,30 @@ def reference_attention(
     segments: Sequence[SegmentLike],
     correction: str = "none",
     scale: float | None = None,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
     second_order: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * q K^T - bias) V over the cached segments followed by the current chunk.
 
     q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv); segments: cached chunks, oldest
-    first. The bias (``correction`` in "none" | "taylor" | "exact", times ``strength``) is subtracted
-    from the columns of segments that carry steps only, never from the current chunk. ``second_order``
-    subtracts bias * (1 - pi) instead, pi the row's softmax of the first-order-corrected scores
-    (``jensenkv.attention.second_order``).
+    first. The bias (``correction`` in "none" | "taylor" | "exact", times ``strength``: a float, or a (H,)
+    tensor of per-head strengths) is subtracted from the columns of segments that carry steps only, never
+    from the current chunk. ``second_order`` subtracts bias * (1 - pi) instead, pi the row's softmax of the
+    first-order-corrected scores (``jensenkv.attention.second_order``).
     Returns (B, H, Q, Dv) in q's dtype.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     check_second_order(second_order, correction)
     scale = resolve_scale(scale, q.shape[-1])
     q64 = q.double()  # (B, H, Q, D)
+    weight = strength_view(strength, q64)  # float or (1, H, 1, 1)
     scores, values, biases = [], [], []
     for seg in segments:
         s = scale * q64 @ seg.k.double().transpose(-1, -2)  # (B, H, Q, K_i)
         raw = s
         if correction != "none" and seg.steps is not None:
             step = expand_group_steps(seg.steps, q.shape[-1]).double()  # (B, H, K_i, D)
-            s = s - strength * jensen_bias(bias_basis_query(q64, seg.steps), step, correction, scale)
+            s = s - weight * jensen_bias(bias_basis_query(q64, seg.steps), step, correction, scale)
         scores.append(s)
         biases.append(raw - s)  # (B, H, Q, K_i): the bias this segment's columns got (0 without steps)
         values.append(seg.v.double())  # (B, H, K_i, Dv)

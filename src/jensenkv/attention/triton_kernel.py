@@ -33,7 +33,15 @@ from pathlib import Path
 
 import torch
 
-from jensenkv.attention._inputs import SegmentLike, resolve_scale, segment_has_steps, validate_attention_inputs
+from jensenkv.attention._inputs import (
+    SegmentLike,
+    Strength,
+    check_strength,
+    resolve_scale,
+    segment_has_steps,
+    strength_view,
+    validate_attention_inputs,
+)
 from jensenkv.attention.second_order import refuse_second_order
 from jensenkv.correction import (
     SERIES_MAX_ARG,
@@ -141,15 +149,18 @@ def triton_cached_attention(
     segments: Sequence[SegmentLike],
     correction: str = "none",
     scale: float | None = None,
-    strength: float = 1.0,
+    strength: Strength = 1.0,
     block_m: int = 16,
     block_n: int = 16,
     second_order: bool = False,
 ) -> torch.Tensor:
     """Fused attention over the packed cache: q (B, Hq, Q, D), k_cur/v_cur (B, Hkv, R, D/Dv) -> (B, Hq, Q, Dv).
 
-    ``second_order`` is refused (the fused online softmax never holds a row's weights): ValueError naming the
-    backends that implement it."""
+    ``strength``: a float or a (Hq,) tensor of per-query-head strengths, folded into the query-side bias
+    columns before launch (the elementwise exact bias reads it per head in the kernel). ``second_order`` is
+    refused (the fused online softmax never holds a row's weights): ValueError naming the backends that
+    implement it.
+    """
     refuse_second_order(second_order, "triton")
     if q.ndim != 4 or k_cur.ndim != 4:
         raise ValueError(f"q.shape={tuple(q.shape)}, k_cur.shape={tuple(k_cur.shape)}: both must be (B, H, S, D)")
@@ -159,7 +170,8 @@ def triton_cached_attention(
             f"k_cur.shape={tuple(k_cur.shape)} has {heads_kv} KV heads for q.shape={tuple(q.shape)}: "
             f"the {heads_q} query heads must be a multiple of the KV heads"
         )
-    validate_attention_inputs(q[:, :heads_kv], k_cur, v_cur, segments, correction, strength)
+    check_strength(strength, heads_q)  # per query head (the check below sees the KV heads' view of q)
+    validate_attention_inputs(q[:, :heads_kv], k_cur, v_cur, segments, correction)
     dim, dv = q.shape[-1], v_cur.shape[-1]
     for name, value in (("head_dim", dim), ("value_dim", dv), ("block_m", block_m), ("block_n", block_n)):
         if value < 16 or value & (value - 1):
@@ -182,6 +194,8 @@ def triton_cached_attention(
     kf = torch.cat([t.float() for t in full_k] + [k_cur.float()], dim=2).contiguous()  # (B, Hkv, NF, D)
     vf = torch.cat([t.float() for t in full_v] + [v_cur.float()], dim=2).contiguous()  # (B, Hkv, NF, Dv)
     q32 = q.float().contiguous()  # (B, Hq, Q, D)
+    if isinstance(strength, torch.Tensor):
+        strength = strength.to(device=q.device, dtype=torch.float32)  # (Hq,)
     parts = []
     groups = list(quantized.values()) or [None]
     for index, members in enumerate(groups):
@@ -218,14 +232,16 @@ def _launch(q32, members, kf, vf, correction, scale, strength, heads_kv, block_m
             qr = kp.rotation.apply(q32).contiguous()  # (B, Hq, Q, D): rotated keys need only the rotated query
         if correction == "taylor":
             bias_mode = BIAS_TAYLOR
-            qb = (strength * scale * scale / 24.0) * query_group_sq_norms(qr, kp.groups)  # (B, Hq, Q, G)
+            weight = strength_view(strength, qr)  # float or (1, Hq, 1, 1)
+            qb = (weight * scale * scale / 24.0) * query_group_sq_norms(qr, kp.groups)  # (B, Hq, Q, G)
         elif correction == "exact":
             q_max = qr.abs().amax()
             bound = float(0.5 * scale * q_max * kp.step.float().abs().amax())
             if bound <= SERIES_MAX_ARG:
                 bias_mode, terms = BIAS_SERIES, series_terms(bound)
                 u_scale = float(0.5 * scale * q_max)
-                qb = strength * exact_series_query_columns(qr, kp.groups, q_max, terms)  # (B, Hq, Q, G * terms)
+                columns = exact_series_query_columns(qr, kp.groups, q_max, terms)  # (B, Hq, Q, G * terms)
+                qb = strength_view(strength, qr) * columns
             else:
                 bias_mode = BIAS_ELEMENTWISE
         n, rk, rv = kp.codes.shape[2], kp.step.shape[2], vp.step.shape[2]
@@ -244,6 +260,9 @@ def _launch(q32, members, kf, vf, correction, scale, strength, heads_kv, block_m
         kzoff = vzoff = 0.0
         v_rotation = None
     qb = qb.contiguous()
+    # (Hq,) per-head strength: only the elementwise exact bias reads it in the kernel (the others carry it in qb)
+    head_strength = (strength if isinstance(strength, torch.Tensor)
+                     else torch.full((heads_q,), float(strength), dtype=torch.float32, device=device)).contiguous()
     coef = torch.tensor(log_sinhc_series_coefficients(_SMALL_TERMS), dtype=torch.float32, device=device)
     out_q = torch.empty(batch, heads_q, n_q, dv, device=device)
     out_f = torch.empty_like(out_q)
@@ -256,7 +275,7 @@ def _launch(q32, members, kf, vf, correction, scale, strength, heads_kv, block_m
     _kernel()[grid](
         q32, qr, qb, kc, ks, kz, krow, vc, vs, vz, vrow, kf, vf, coef, out_q, out_f, lse,
         heads_q, heads_kv, n_q, n, rk, rv, kf.shape[2], qb.shape[-1] if qb.ndim == 4 else 1,
-        scale, u_scale, 0.5 * scale, strength,
+        scale, u_scale, 0.5 * scale, head_strength,
         DIM=dim, DV=dv, GROUP=heads_q // heads_kv,
         KBITS=kbits, KG=kg, K_HAS_ZERO=kzero, KZOFF=kzoff,
         VBITS=vbits, VG=vg, V_HAS_ZERO=vzero, VZOFF=vzoff,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.calibration import layer_strengths
 from jensenkv.correction import GroupSteps
 from jensenkv.attention.backends import get_backend
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
@@ -60,7 +61,15 @@ class MagiLayerCaches:
             cache_config = replace(cache_config, keep_reference=True)  # probes compare with the full-precision cache
         self.cache_config = cache_config
         self.attention = attention
+        self.strengths = layer_strengths(attention, self.num_layers)  # per layer: float or (H,) per-head tensor
         self.reset()
+
+    def strength(self, layer: int, device: torch.device) -> float | torch.Tensor:
+        """Layer's strength: the global float, or its (H,) calibrated strengths moved to the device once."""
+        value = self.strengths[layer]
+        if isinstance(value, torch.Tensor) and value.device != device:
+            value = self.strengths[layer] = value.to(device)
+        return value
 
     def reset(self) -> None:
         self.caches = [ChunkedKVCache(self.cache_config, self.head_dim) for _ in range(self.num_layers)]
@@ -108,17 +117,22 @@ class WindowAttention:
             q_c = q[:, :, rows]  # (1, H, T, D)
             k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (1, H, (in_flight+1)*T, D)
             v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
-            outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=settings.strength,
+            strength = caches.strength(layer, q.device)
+            outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=strength,
                            second_order=settings.second_order))
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):
                 from jensenkv.attention import attention_probes
 
-                values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=settings.strength,
+                values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=strength,
                                           second_order=settings.second_order)
                 if settings.diagnostics:
                     from jensenkv.attention.diagnostics import segment_diagnostics
 
                     values.update(segment_diagnostics(q_c, segments))
+                if settings.head_moments:
+                    from jensenkv.attention.diagnostics import head_shift_moments
+
+                    values.update(head_shift_moments(q_c, segments, settings.correction))
                 caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
                                              "branch": self.pass_name, **values})
         if self.commit_position is not None:

@@ -9,6 +9,7 @@ from diffusers import SkyReelsV2Transformer3DModel
 from diffusers.hooks import HookRegistry
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.calibration import layer_strengths
 from jensenkv.generate import GenerationConfig, check_kv_range
 from jensenkv.models.loaders import TRANSFORMER_CLASSES
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
@@ -80,6 +81,7 @@ class ChunkwiseAdapter:
             else:
                 procs[name] = proc
         transformer.set_attn_processor(procs)
+        self._set_strengths(attention)
         registry = HookRegistry.check_if_exists_or_initialize(transformer.rope)
         if registry.get_hook(ROPE_HOOK_NAME) is not None:  # an earlier adapter on this model: rebind to our state
             registry.remove_hook(ROPE_HOOK_NAME)
@@ -117,7 +119,15 @@ class ChunkwiseAdapter:
         for proc in self.processors:
             proc.configure(cache if cache is not None else proc.cache_config,
                            attention if attention is not None else proc.attention)
+        if self.processors:
+            self._set_strengths(self.processors[0].attention)
         self.reset()
+
+    def _set_strengths(self, attention: AttentionSettings) -> None:
+        """Each processor's strength: the global float, or its layer's (H,) strengths of attention.calibration."""
+        strengths = layer_strengths(attention, len(self.processors), int(self.transformer.config.num_attention_heads))
+        for proc in self.processors:
+            proc.strength = strengths[proc.layer_index]
 
     def reset(self) -> None:
         """Start a new video: empty caches, no probes, zero timers."""

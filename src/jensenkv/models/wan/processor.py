@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
 from jensenkv.attention import attention_probes, get_backend
-from jensenkv.attention.diagnostics import segment_diagnostics
+from jensenkv.attention.diagnostics import head_shift_moments, segment_diagnostics
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
 from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, AttentionSettings, ChunkState, InFlightChunk
 
@@ -84,6 +84,7 @@ class CachedSelfAttnProcessor:
             cache_config = replace(cache_config, keep_reference=True)  # probes compare with the BF16 cache
         self.cache_config = cache_config
         self.attention = attention
+        self.strength = attention.strength  # this layer's: the adapter sets (H,) strengths of a calibration file
         self.caches: dict[str, ChunkedKVCache] = {}
 
     def cache(self, branch: str) -> ChunkedKVCache:
@@ -143,7 +144,7 @@ class CachedSelfAttnProcessor:
             segments = limit_kv_range(cached, cache_limit)
             q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
             outs.append(attend(q_c, k_c, v_c, segments, correction=self.attention.correction,
-                                             strength=self.attention.strength,
+                                             strength=self._strength(q.device),
                                              second_order=self.attention.second_order))  # (B, H, T, D)
             if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
                 self._record_probes(q_c, k_c, v_c, segments, chunk)
@@ -151,12 +152,20 @@ class CachedSelfAttnProcessor:
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment], chunk: InFlightChunk) -> None:
-        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.attention.strength,
+        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self._strength(q.device),
                                   second_order=self.attention.second_order)
         if self.attention.diagnostics:
             values.update(segment_diagnostics(q, segments))
+        if self.attention.head_moments:
+            values.update(head_shift_moments(q, segments, self.attention.correction))
         self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step,
                                          "chunk": chunk.index, "branch": self.state.branch, **values})
+
+    def _strength(self, device: torch.device) -> float | torch.Tensor:
+        """This layer's strength: a float, or (H,) per-head strengths moved to the device once."""
+        if isinstance(self.strength, torch.Tensor) and self.strength.device != device:
+            self.strength = self.strength.to(device)
+        return self.strength
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if not self.state.time_quantize:

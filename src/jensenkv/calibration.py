@@ -1,0 +1,201 @@
+"""Calibration files: signed per-(layer, head) correction strengths fitted by ``python -m jensenkv.calibrate``.
+
+A run names one with ``attention.calibration=<path>``; its effective strength for layer l, head h is
+``attention.strength * strengths[l][h]``. The file is JSON (written atomically), with its provenance:
+
+    format        CALIBRATION_FORMAT
+    strengths     [layers][heads] finite floats (signed)
+    num_samples   [layers][heads] (probed query rows behind each entry)
+    std_error     [layers][heads] standard error of each entry (null where it cannot be estimated)
+    objective     how the strengths were fitted
+    identity      model / weights / key quantizer / correction the strengths belong to (``calibration_identity``)
+    calibration   prompts, seeds, probe steps and the sampler they were fitted on
+    model, quantizer, correction, jensenkv_version, git_commit, created_at
+
+A run refuses a file (``check_calibration``, before any model is loaded) that is missing or corrupt, whose
+layer/head counts differ from the model's, whose prompts overlap the run's evaluation prompts (no tuning on
+what is evaluated), or whose identity differs from the run's. The run's id includes the file's content digest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CALIBRATION_FORMAT = "jensenkv-calibration/1"
+KEY = "attention.calibration"
+LOCATION_FIELDS = ("device", "weights_dir", "cache_dir")  # model fields that say where, not what
+REQUIRED = ("format", "strengths", "num_samples", "std_error", "objective", "identity", "calibration")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A loaded calibration file."""
+
+    path: str
+    digest: str                       # sha256 of the file's bytes (16 hex digits): part of a run's identity
+    strengths: tuple[tuple[float, ...], ...]  # [layers][heads]
+    identity: dict
+    prompts: tuple[str, ...]
+    content: dict                     # the whole file
+
+    @property
+    def layers(self) -> int:
+        return len(self.strengths)
+
+    @property
+    def heads(self) -> int:
+        return len(self.strengths[0])
+
+
+def _fail(path: str, why: str) -> None:
+    raise ValueError(f"{KEY}={path!r} is not allowed: {why}")
+
+
+def load_calibration(path: str) -> Calibration:
+    """Read and check a calibration file; ValueError naming attention.calibration, the path and what is wrong."""
+    file = Path(str(path)).expanduser()
+    if not file.is_file():
+        _fail(path, "the file does not exist (write one with `python -m jensenkv.calibrate`)")
+    stat = file.stat()
+    return _load(str(file.resolve()), stat.st_size, stat.st_mtime_ns, str(path))
+
+
+@functools.lru_cache(maxsize=16)
+def _load(resolved: str, size: int, mtime_ns: int, given: str) -> Calibration:
+    raw = Path(resolved).read_bytes()
+    try:
+        content = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        _fail(given, f"the file is corrupt ({type(e).__name__}: {e})")
+    if not isinstance(content, dict) or content.get("format") != CALIBRATION_FORMAT:
+        _fail(given, f"the file is not a calibration file (its format must be {CALIBRATION_FORMAT!r})")
+    absent = [k for k in REQUIRED if k not in content]
+    if absent:
+        _fail(given, f"the file is corrupt: it lacks {absent}")
+    strengths = content["strengths"]
+    if not isinstance(strengths, list) or not strengths or not all(isinstance(row, list) and row for row in strengths):
+        _fail(given, "the file is corrupt: strengths must be a non-empty [layers][heads] list of lists")
+    heads = len(strengths[0])
+    for layer, row in enumerate(strengths):
+        if len(row) != heads:
+            _fail(given, f"the file is corrupt: layer {layer} has {len(row)} strengths, layer 0 has {heads}")
+        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) for s in row):
+            _fail(given, f"the file is corrupt: layer {layer}'s strengths {row} must all be finite numbers")
+    prompts = (content["calibration"] or {}).get("prompts") if isinstance(content["calibration"], dict) else None
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        _fail(given, "the file is corrupt: calibration.prompts must be a list of strings")
+    if not isinstance(content["identity"], dict):
+        _fail(given, "the file is corrupt: identity must be a mapping")
+    return Calibration(path=given, digest=hashlib.sha256(raw).hexdigest()[:16],
+                       strengths=tuple(tuple(float(s) for s in row) for row in strengths),
+                       identity=content["identity"], prompts=tuple(prompts), content=content)
+
+
+def prompt_key(prompt: str) -> str:
+    """Prompts compared for overlap: case and spacing do not make a prompt new."""
+    return " ".join(prompt.lower().split())
+
+
+def calibration_identity(run: Any) -> dict:
+    """What calibrated strengths belong to (``run``: a jensenkv.config.RunConfig): the model (its config
+    without where it runs or where its files sit on this machine, plus its weights' digest), the key quantizer
+    (whose error the correction targets) and the correction. Values, cache layout and sampler are recorded in
+    the file but not required to match."""
+    from jensenkv.run.spec import weights_digest
+
+    model = {k: v for k, v in run.model.to_dict().items() if k not in LOCATION_FIELDS}
+    return {"model": model, "weights": weights_digest(run.model), "key": dataclasses.asdict(run.key),
+            "correction": run.attention.correction}
+
+
+def model_layers_heads(model: Any) -> tuple[int, int] | None:
+    """(self-attention layers, query heads) of a model config, from config files only; None when unknown
+    (missing weights: ``check_weights`` reports them)."""
+    from jensenkv.run.spec import _diffusers_local_dir, tiny_weights_dir
+
+    try:
+        if model.kind == "tiny":
+            transformer = json.loads((tiny_weights_dir(model) / "config.json").read_text())["transformer"]
+        elif model.kind == "diffusers":
+            local = _diffusers_local_dir(model)
+            if local is None:
+                return None
+            sub = model.transformer_subfolder or "transformer"
+            transformer = json.loads((local / sub / "config.json").read_text())
+        elif model.kind == "magi":
+            from jensenkv.models.magi.config import model_preset
+
+            magi = model_preset(model.preset, **(model.model_overrides or {}))
+            return int(magi.num_layers), int(magi.num_heads)
+        else:
+            return None
+        return int(transformer["num_layers"]), int(transformer["num_attention_heads"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def _differences(expected: dict, found: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two identity mappings."""
+    out = []
+    for key in sorted(set(expected) | set(found)):
+        a, b = expected.get(key), found.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} (file: {b!r}, run: {a!r})")
+    return out
+
+
+def check_calibration(run: Any) -> Calibration:
+    """Load the run's calibration file and refuse it (ValueError naming attention.calibration, the path and
+    why) when it does not fit the run: layer/head counts, prompt overlap with the evaluation prompts, identity."""
+    path = run.attention.calibration
+    cal = load_calibration(path)
+    shape = model_layers_heads(run.model)
+    if shape is not None and shape != (cal.layers, cal.heads):
+        _fail(path, f"it holds strengths for {cal.layers} layers x {cal.heads} heads, model {run.model.name!r} has "
+                    f"{shape[0]} layers x {shape[1]} heads")
+    overlap = sorted({prompt_key(p) for p in cal.prompts} & {prompt_key(p) for p in run.prompts})
+    if overlap:
+        _fail(path, f"its calibration prompts overlap the run's evaluation prompts {overlap}: strengths must be "
+                    "fitted on prompts disjoint from the ones they are judged on (calibrate on eval=calibration)")
+    differ = _differences(calibration_identity(run), cal.identity)
+    if differ:
+        _fail(path, "it was fitted for another model, quantizer or correction: " + "; ".join(differ[:4])
+              + (f"; and {len(differ) - 4} more" if len(differ) > 4 else ""))
+    return cal
+
+
+def layer_strengths(attention: Any, num_layers: int, heads: int | None = None) -> list:
+    """Per-layer strength of ``attention`` (a jensenkv.config.AttentionConfig): the float ``strength`` for
+    every layer without a calibration file, else (H,) float32 CPU tensors strength * file[l]. ``heads``
+    (when known) is checked against the file's."""
+    import torch
+
+    if attention.calibration is None:
+        return [attention.strength] * num_layers
+    cal = load_calibration(attention.calibration)
+    if cal.layers != num_layers or (heads is not None and cal.heads != heads):
+        _fail(attention.calibration, f"it holds strengths for {cal.layers} layers x {cal.heads} heads, the model "
+                                     f"has {num_layers} layers x {heads if heads is not None else '?'} heads")
+    table = torch.tensor(cal.strengths, dtype=torch.float64) * float(attention.strength)  # (L, H)
+    return list(table.float().unbind(0))
+
+
+def strength_label(strength: float, calibration: str | None) -> float | str:
+    """A run's strength column: the float, or "calibrated" ("<s>x calibrated" for a global multiplier s != 1)."""
+    if calibration is None:
+        return strength
+    return "calibrated" if strength == 1.0 else f"{strength:g}x calibrated"
+
+
+def digest(path: str | None) -> str | None:
+    """The content digest of a calibration file (None without one)."""
+    return None if path is None else load_calibration(path).digest
+
