@@ -100,3 +100,18 @@ def test_negative_strength_adds_the_bias() -> None:
     c = case()
     p_s = {s: attention_probes(c.q, c.k_cur, c.v_cur, c.segments, "taylor", strength=s)["p_s"] for s in (-1.0, 0.0, 1.0)}
     assert p_s[1.0] < p_s[0.0] < p_s[-1.0]
+
+
+@pytest.mark.parametrize("name", ["reference", "cached"])
+@pytest.mark.parametrize(("correction", "steps"), [("taylor", "series"), ("exact", "series"),
+                                                    ("exact", "elementwise")])
+def test_head_strengths_with_the_second_order_term_equal_a_loop_of_float_strengths(
+        name: str, correction: str, steps: str) -> None:
+    c = case(steps)
+    fn = get_backend(name)
+    actual = fn(c.q, c.k_cur, c.v_cur, c.segments, correction=correction, strength=STRENGTH, second_order=True)
+    expected = torch.stack([fn(c.q, c.k_cur, c.v_cur, c.segments, correction=correction, strength=float(s),
+                               second_order=True)[:, h] for h, s in enumerate(STRENGTH)], dim=1)
+    assert relative_error(actual, expected) <= 1e-5
+    first = fn(c.q, c.k_cur, c.v_cur, c.segments, correction=correction, strength=STRENGTH)
+    assert relative_error(first, expected) > 1e-4  # the term matters on this case
