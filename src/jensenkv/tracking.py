@@ -499,7 +499,9 @@ def record_row(record: Mapping[str, Any]) -> dict:
     return row
 
 
-COMPARED = ("correction", "strength")   # what a Table 1 cell compares: everything else must be equal
+# what a Table 1 cell compares (its treatment): everything else must be equal. "calibration": the fitted
+# strengths file of attention.calibration, when runs record one
+COMPARED = ("correction", "strength", "calibration")
 QUANTIZER = ("key", "value")            # what distinguishes the rows of one table
 
 
