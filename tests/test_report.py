@@ -223,3 +223,19 @@ def test_intervals_and_paired_differences_come_from_the_per_video_values(three_p
     for c in ("none", "taylor"):  # the run's mean lies in its own interval
         assert out.loc[c, "psnr_ci95_low"] <= out.loc[c, "psnr"] <= out.loc[c, "psnr_ci95_high"]
     assert math.isnan(out.loc["taylor", "p_lpips"])  # not computed: unknown, never zero
+
+
+def test_layer_means_are_the_probes_per_layer_of_each_cell(results, written):
+    from jensenkv.tracking import load_attention
+
+    layers = pd.read_csv(written[1]["layers"])
+    table = pd.read_csv(written[1]["csv"])
+    assert set(layers["quantizer"]) == set(table["quantizer"]) - {"bf16"}  # every quantized cell, BF16 has none
+    rtn = table[(table["quantizer"] == "rtn") & (table["bits"] == 2) & (table["treatment"] == "taylor")].iloc[0]
+    probes = load_attention(results, rtn["run_id"])
+    expected = probes[probes["step"] >= 0].groupby("layer")["delta_p_s"].mean()
+    got = layers[layers["run_id"] == rtn["run_id"]].set_index("layer")["delta_p_s"]
+    assert got.to_dict() == pytest.approx(expected.to_dict())
+    quarot = layers[(layers["quantizer"] == "quarot+rtn") & (layers["treatment"] == "none")]
+    one_seed = load_attention(results, quarot["run_id"].iloc[0].split(";")[0])
+    assert (quarot["num_probes"] == 2 * (one_seed["step"] >= 0).groupby(one_seed["layer"]).sum().to_numpy()).all()

@@ -9,7 +9,8 @@ group_size, rotation, rotation_seeds, zero_point, dither, smoothing, qvg_centroi
 treatment, effective_bits, psnr, ssim, lpips, vbench, content, delta_p_s, ..., ``<metric>_missing_reason`` for
 every metric that could not be computed, ``num_videos``, ``<metric>_ci95_low`` / ``_high``, and on treated
 cells ``delta_<metric>`` / ``p_<metric>``), ``table1.md`` and ``table1.tex`` (rows model x quantizer x
-treatment, cells "none -> X"), and the figures under ``<out>/figures/``.
+treatment, cells "none -> X"), ``table1_layers.csv`` (per cell and layer: the probes' means, error-model
+diagnostics em_* included; jensenkv.report.layers) and the figures under ``<out>/figures/``.
 
 Rows and treatments come from the runs' identities (``jensenkv.report.rows``): every quantizer setting is a
 row (its label spells out zero point, dither, smoothing, rotation, QVG centroids), every correction / strength
@@ -34,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from jensenkv.report.intervals import RUN_SEPARATOR, add_intervals, video_metrics
+from jensenkv.report.layers import layer_means
 from jensenkv.report.rows import BASELINE, attach_details, bits_label, quantizer_label
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.tracking import atomic_write, load_attention, load_results, portable
@@ -395,6 +397,8 @@ def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None
         "md": str(atomic_write(out / "table1.md", lambda f: f.write(to_markdown(paper, notes)), mode="w")),
         "tex": str(atomic_write(out / "table1.tex", lambda f: f.write(to_latex(paper, notes)), mode="w")),
     }
+    layers = layer_means(t1.table, results_dir)  # per-layer probe means (em_* diagnostics) of every cell
+    written["layers"] = str(atomic_write(out / "table1_layers.csv", lambda f: layers.to_csv(f, index=False), mode="w"))
     if figures:
         from jensenkv.report.figures import write_figures
 
