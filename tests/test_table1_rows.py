@@ -53,7 +53,7 @@ QUAROT = [QuantConfig(rotation="hadamard", rotation_seed=s) for s in (0, 1, 2)]
 
 def base_psnr(i: int, seed: int, rotation_seed: int) -> float:
     """Differs by rotation seed far more than by the correction: mispairing seeds would show."""
-    return 20.0 + 10.0 * (rotation_seed if rotation_seed >= 0 else 0) + i + 0.1 * seed
+    return 20.0 + 10.0 * max(rotation_seed, 0) + i + 0.1 * seed
 
 
 @pytest.fixture

@@ -248,7 +248,7 @@ def measurement_notes(table: pd.DataFrame) -> list[str]:
     """What each cell averages over: videos, pooled rotation seeds, the probed denoising steps."""
     notes = []
     if "num_videos" in table.columns and len(table):
-        counts = sorted(set(int(n) for n in table["num_videos"]))
+        counts = sorted({int(n) for n in table["num_videos"]})
         notes.append("each cell: mean over its videos (n = prompts x seeds, x rotation seeds where pooled; n = "
                      + "/".join(str(c) for c in counts) + ") with a 95% bootstrap interval in table1.csv; "
                      + PAIRED_HEADER + ": treated - none, paired video by video (prompt, seed, rotation seed), "
