@@ -152,3 +152,15 @@ def test_runs_of_another_context_never_join_a_row(store):
     t1 = build_table1(store)
     assert run_id2 not in ";".join(t1.table["run_id"]) and any(run_id2 in line for line in t1.selection.left_out)
     assert isinstance(t1.table, pd.DataFrame)
+
+
+def test_treatment_labels_name_the_correction_strength_and_calibration():
+    from jensenkv.report.rows import treatment_label
+
+    assert treatment_label({"correction": "none", "strength": 0.5}) == "none"  # nothing corrected: the baseline
+    assert treatment_label({"correction": "taylor", "strength": 1.0, "calibration": None}) == "taylor"
+    assert treatment_label({"correction": "exact", "strength": 0.25}) == "exact x0.25"
+    assert treatment_label({"correction": "taylor", "strength": 1.0,
+                            "calibration": {"path": "results/calibration/tiny_layers.json", "sha": "ab"}}) \
+        == "taylor, calibration tiny_layers"
+    assert treatment_label({"correction": "taylor2", "strength": "fitted"}) == "taylor2, strength fitted"

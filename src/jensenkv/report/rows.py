@@ -88,7 +88,8 @@ def _present(value: Any) -> bool:
 
 def treatment_label(fields: Mapping[str, Any]) -> str:
     """"none" for an uncorrected run; else the correction, then " x<strength>" when a numeric strength is not
-    1, then ", <field> <value>" for every other set field (a strength label, a calibration file by its stem)."""
+    1, then ", <field> <value>" for every other set field (a strength label; a calibration file by its stem, or
+    a calibration record by its name, path or digest)."""
     correction = fields.get("correction")
     if not _present(correction) or correction == BASELINE:
         return BASELINE
@@ -99,9 +100,18 @@ def treatment_label(fields: Mapping[str, Any]) -> str:
         if name == "strength" and isinstance(value, (int, float)) and not isinstance(value, bool):
             label += "" if float(value) == 1.0 else f" x{float(value):g}"
             continue
-        text = Path(value).stem if isinstance(value, str) and ("/" in value or "." in value) else str(value)
-        label += f", {name} {text}"
+        label += f", {name} {_short(value)}"
     return label
+
+
+def _short(value: Any) -> str:
+    """A treatment field in a few characters: a file by its stem, a mapping by its name / path or a digest."""
+    if isinstance(value, Mapping):
+        named = next((value[k] for k in ("name", "label", "path", "file") if _present(value.get(k))), None)
+        return _short(named) if named is not None else config_hash(dict(value), 6)
+    if isinstance(value, str) and ("/" in value or value.endswith((".json", ".pt", ".safetensors", ".yaml"))):
+        return Path(value).stem
+    return str(value)
 
 
 def quantizer_label(row: Mapping[str, Any], rotation_seeds: int = 0) -> str:
