@@ -36,14 +36,17 @@ def fast_overrides(results_dir: Path, weights_dir: Path, *extra: str) -> list[st
     return [*FAST, f"model.weights_dir={weights_dir}", f"paths.results_dir={results_dir}", *extra]
 
 
-# The settings the report and the notebooks need: the BF16 row, RTN at INT2 / INT4 (g=32), QuaRot+RTN and QVG
-# at INT2 without and with the Taylor correction (every row of Table 1, attention mass), plus INT2 g=128 (a
-# second trade-off point that Table 1 must leave out).
+# The settings the report and the notebooks need: the BF16 row, RTN at INT2 / INT4 (g=32), RTN INT2 with a
+# min-aligned zero, dither or smoothing, QuaRot+RTN over two rotation seeds and QVG at INT2, each without and
+# with the Taylor correction (every row of Table 1, attention mass), plus INT2 g=128 (a second trade-off point
+# that Table 1 must leave out).
 FIXTURE_RUNS = (
     ("quant=bf16",),
     *[(f"quant.bits={b}", "quant.group_size=32", f"correction={c}") for b in (2, 4) for c in ("none", "taylor")],
-    ("quant=quarot", "quant.bits=2", "quant.group_size=32", "correction=none"),
-    ("quant=quarot", "quant.bits=2", "quant.group_size=32", "correction=taylor"),
+    *[(f"quant={q}", f"correction={c}") for q in ("rtn_min_aligned", "rtn_dither", "rtn_smooth")
+      for c in ("none", "taylor")],
+    *[("quant=quarot", "quant.bits=2", "quant.group_size=32", f"quant.rotation_seed={r}", f"correction={c}")
+      for r in (0, 1) for c in ("none", "taylor")],
     *[("quant=qvg", "quant.qvg_centroids=16", "quant.bits=2", "quant.group_size=32", f"correction={c}")
       for c in ("none", "taylor")],
     ("quant.bits=2", "quant.group_size=128", "correction=taylor"),

@@ -30,7 +30,8 @@ def _spec(weights, *overrides: str):
 
 
 def test_every_group_has_its_options():
-    assert set(group_options("quant")) == {"bf16", "rtn", "quarot", "qvg", "qvg_pro", "qvg_rtn", "kivi"}
+    assert set(group_options("quant")) == {"bf16", "rtn", "rtn_min_aligned", "rtn_dither", "rtn_smooth", "rtn_int4",
+                                           "quarot", "qvg", "qvg_pro", "qvg_rtn", "kivi"}
     assert set(group_options("correction")) == {"none", "taylor", "exact", "taylor2"}
     assert set(group_options("experiment")) >= {"table1", "tradeoff", "attention_mass"}
     assert set(group_options("logger")) >= {"wandb_offline", "wandb_online", "disabled"}
@@ -129,28 +130,46 @@ def test_bf16_runs_are_one_run_whatever_the_other_axes(weights):
     assert len(ids) == 1
 
 
-def test_table1_experiment_grid(weights):
-    cfg = _compose("experiment=table1", hydra_cfg=True)
+def _sweep(cfg) -> list[list[str]]:
+    """Every job of an experiment's sweep, as override lists."""
     params = cfg.hydra.sweeper.params
+    axes = [[f"{k}={v}" for v in str(values).split(",")] for k, values in params.items()]
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def test_table1_experiment_runs_48_videos_per_row_and_three_rotation_seeds(weights):
+    cfg = _compose("experiment=table1", hydra_cfg=True)
     assert cfg.hydra.mode.name == "MULTIRUN"
-    assert params["quant"] == "bf16,rtn,quarot,qvg" and params["correction"] == "none,taylor"
-    assert cfg.eval.num_prompts >= 8 and cfg.quant.bits == 2 and cfg.quant.group_size == 32
-    specs = [_spec(weights, "experiment=table1", f"quant={q}", f"correction={c}")
-             for q, c in itertools.product(params["quant"].split(","), params["correction"].split(","))]
-    assert len({s.run_id for s in specs}) == 7  # bf16 + 3 quantizers x {none, taylor}
-    assert {s.key.label for s in specs} == {"bf16", "rtn", "quarot+rtn", "qvg"}
-    assert all(s.key.bits == 2 and s.key.group_size == 32 for s in specs if s.key.method != "none")
+    specs = [_spec(weights, "experiment=table1", *job) for job in _sweep(cfg)]
+    runs = {s.run_id: s for s in specs}  # jobs that differ only in a setting a run ignores are one run
+    assert all(len(s.prompts) >= 16 and len(s.eval.seeds) >= 3 and len(set(s.prompts)) == len(s.prompts)
+               for s in runs.values())  # >= 48 distinct videos per run
+    rows = {}
+    for s in runs.values():
+        rows.setdefault((s.key.label, s.key.bits, s.attention.correction), set()).add(s.key.rotation_seed)
+    expected = {("rtn", 2), ("rtn+min_aligned", 2), ("rtn+dither", 2), ("rtn+channel_mean", 2), ("rtn", 4),
+                ("quarot+rtn", 2), ("qvg", 2)}
+    assert {(label, bits, c) for label, bits in expected for c in ("none", "taylor")} | {("bf16", 2, "none")} \
+        == set(rows)
+    assert rows[("quarot+rtn", 2, "none")] == rows[("quarot+rtn", 2, "taylor")] == {0, 1, 2}
+    assert len(runs) == 1 + 2 * (len(expected) - 1) + 2 * 3  # BF16, 6 rows x 2, QuaRot x 3 seeds x 2
+    # one context: probes, diagnostics, prompts and seeds equal for every run, so every row is comparable
+    assert len({(tuple(s.attention.probe_steps or ()), s.attention.diagnostics, tuple(s.prompts), tuple(s.eval.seeds))
+                for s in runs.values()}) == 1
+    qvg = next(s for s in runs.values() if s.key.method == "qvg")
+    assert qvg.key.qvg_kmeans == "published" and qvg.key.qvg_centroids == 16 and qvg.key.group_size == 64
 
 
-def test_tradeoff_shares_runs_with_table1(weights):
+def test_tradeoff_shares_the_bf16_references_with_table1(weights):
     cfg = _compose("experiment=tradeoff", hydra_cfg=True)
     params = cfg.hydra.sweeper.params
     assert params["quant.bits"] == "2,4" and params["quant.group_size"] == "32,64,128"
     assert params["correction"] == "none,taylor"
-    table1 = _spec(weights, "experiment=table1", "quant=rtn", "correction=taylor").run_id
-    tradeoff = _spec(weights, "experiment=tradeoff", "quant.bits=2", "quant.group_size=32",
-                     "correction=taylor").run_id
-    assert table1 == tradeoff  # same prompts and metrics: the INT2 g32 RTN runs are not redone
+    table1 = _spec(weights, "experiment=table1", "quant=rtn", "correction=taylor")
+    tradeoff = _spec(weights, "experiment=tradeoff", "quant.bits=2", "quant.group_size=32", "correction=taylor")
+    assert set(tradeoff.prompts) <= set(table1.prompts) and set(tradeoff.eval.seeds) <= set(table1.eval.seeds)
+    prompt, seed = tradeoff.prompts[0], tradeoff.eval.seeds[0]
+    assert table1.reference_identity(prompt, seed) == tradeoff.reference_identity(prompt, seed)  # made once
 
 
 def test_attention_mass_experiment(weights):

@@ -32,18 +32,23 @@ def written(results, tmp_path_factory):
 def test_table1_csv_has_one_row_per_table_run(results, written):
     out, paths = written
     table = pd.read_csv(paths["csv"])
-    required = {"model", "quantizer", "bits", "group_size", "rotation", "correction", "effective_bits",
-                "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s"}
+    required = {"model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "correction",
+                "treatment", "effective_bits", "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s",
+                "num_videos", "psnr_ci95_low", "psnr_ci95_high", "delta_psnr", "p_psnr"}
     assert required <= set(table.columns) and list(table.columns[: len(CSV_COLUMNS)]) == list(CSV_COLUMNS)
-    assert set(table["quantizer"]) == {"bf16", "rtn", "quarot+rtn", "qvg"}
+    assert set(table["quantizer"]) == {"bf16", "rtn", "rtn+min_aligned", "rtn+dither", "rtn+channel_mean",
+                                       "quarot+rtn", "qvg"}
     assert set(table.loc[table["quantizer"] != "bf16", "group_size"]) == {32}  # g=128 runs belong to the trade-off
-    assert len(table) == 1 + 2 * 2 + 2 + 2  # BF16, RTN INT2/INT4 x {none, taylor}, QuaRot and QVG INT2 x {none, taylor}
+    assert len(table) == 1 + 2 * 6 + 2  # BF16; RTN INT2 (4 grids) / INT4, QuaRot (pooled), QVG x {none, taylor}
     runs = load_results(results).set_index("run_id")
-    for _, row in table.iterrows():  # numbers are the records', not recomputed or invented
-        assert row["effective_bits"] == pytest.approx(runs.loc[row["run_id"], "effective_bits"])
+    for _, row in table.iterrows():  # numbers are the records' (pooled cells: their mean), not invented
+        ids = row["run_id"].split(";")
+        assert row["effective_bits"] == pytest.approx(runs.loc[ids, "effective_bits"].mean())
         if row["quantizer"] != "bf16":
-            assert row["psnr"] == pytest.approx(runs.loc[row["run_id"], "psnr"])
-            assert row["delta_p_s"] == pytest.approx(runs.loc[row["run_id"], "delta_p_s_mean"])
+            assert row["psnr"] == pytest.approx(runs.loc[ids, "psnr"].mean())
+            assert row["delta_p_s"] == pytest.approx(runs.loc[ids, "delta_p_s_mean"].mean())
+    quarot = table[table["quantizer"] == "quarot+rtn"]
+    assert (quarot["num_runs"] == 2).all() and (quarot["rotation_seeds"] == "0,1").all()
 
 
 def test_missing_metrics_are_empty_with_a_reason(written):
@@ -66,8 +71,9 @@ def test_markdown_and_latex_follow_the_paper_layout(written):
     rtn2 = table[(table["quantizer"] == "rtn") & (table["bits"] == 2)].set_index("correction")
     cell = f"{rtn2.loc['none', 'psnr']:.2f} -> {rtn2.loc['taylor', 'psnr']:.2f}"
     assert cell in md and cell.replace("->", r"$\rightarrow$") in tex
-    assert "| BF16 " in md and "QuaRot+RTN" in md and "INT4 g32" in md
-    assert tex.count(r"\\") == 1 + 5  # header + BF16, RTN INT2, RTN INT4, QuaRot INT2, QVG INT2
+    assert "| BF16 " in md and "QuaRot (2 rotation seeds) + RTN, integer zero" in md and "INT4 g32" in md
+    assert "RTN, min-aligned zero, subtractive dither" in md and "RTN, integer zero, channel-mean smoothing" in md
+    assert tex.count(r"\\") == 1 + 8  # header + BF16, RTN INT2 x 4 grids, RTN INT4, QuaRot INT2, QVG INT2
     assert tex.startswith(r"\begin{table}") and r"\end{tabular}" in tex
     assert "alexnet-owt-7be5be79.pth" in md  # the footnote says why LPIPS is n/a
 
@@ -167,7 +173,7 @@ def test_an_incomplete_table_says_what_it_compared_and_leaves_the_committed_one(
         path.write_text("committed\n")
     with pytest.raises(SystemExit, match="incomplete") as info:
         main(["--results", str(results), "--out", str(tmp_path), "--no-figures"])
-    assert "QVG INT2 (no run)" in str(info.value) and "unchanged" in str(info.value)
+    assert "qvg INT2 (no run)" in str(info.value) and "unchanged" in str(info.value)
     assert all(path.read_text() == "committed\n" for path in committed.values())
     partial = pd.read_csv(tmp_path / "partial" / "table1.csv")
     assert set(partial["run_id"]) == set(ids.values())
@@ -203,9 +209,9 @@ def test_intervals_and_paired_differences_come_from_the_per_video_values(three_p
 
     results, (none, taylor) = three_prompts
     table = pd.DataFrame([{"run_id": r["run_id"], "correction": r["labels"]["correction"], "model": "tiny",
-                           "quantizer": "rtn", "bits": 2, "group_size": 32, "rotation": "none",
+                           "row_id": "rtn INT2 g32", "treatment": r["labels"]["correction"],
                            "psnr": r["metrics"]["psnr"]} for r in (none, taylor)])
-    out = add_intervals(table, video_metrics(results, table["run_id"]), "taylor").set_index("correction")
+    out = add_intervals(table, video_metrics(results, table["run_id"])).set_index("correction")
     assert (out["num_videos"] == 6).all()
     per_video = {r["labels"]["correction"]: {(v["prompt"], v["seed"]): v["metrics"]["psnr"] for v in r["per_prompt"]}
                  for r in (none, taylor)}
@@ -217,3 +223,19 @@ def test_intervals_and_paired_differences_come_from_the_per_video_values(three_p
     for c in ("none", "taylor"):  # the run's mean lies in its own interval
         assert out.loc[c, "psnr_ci95_low"] <= out.loc[c, "psnr"] <= out.loc[c, "psnr_ci95_high"]
     assert math.isnan(out.loc["taylor", "p_lpips"])  # not computed: unknown, never zero
+
+
+def test_layer_means_are_the_probes_per_layer_of_each_cell(results, written):
+    from jensenkv.tracking import load_attention
+
+    layers = pd.read_csv(written[1]["layers"])
+    table = pd.read_csv(written[1]["csv"])
+    assert set(layers["quantizer"]) == set(table["quantizer"]) - {"bf16"}  # every quantized cell, BF16 has none
+    rtn = table[(table["quantizer"] == "rtn") & (table["bits"] == 2) & (table["treatment"] == "taylor")].iloc[0]
+    probes = load_attention(results, rtn["run_id"])
+    expected = probes[probes["step"] >= 0].groupby("layer")["delta_p_s"].mean()
+    got = layers[layers["run_id"] == rtn["run_id"]].set_index("layer")["delta_p_s"]
+    assert got.to_dict() == pytest.approx(expected.to_dict())
+    quarot = layers[(layers["quantizer"] == "quarot+rtn") & (layers["treatment"] == "none")]
+    one_seed = load_attention(results, quarot["run_id"].iloc[0].split(";")[0])
+    assert (quarot["num_probes"] == 2 * (one_seed["step"] >= 0).groupby(one_seed["layer"]).sum().to_numpy()).all()

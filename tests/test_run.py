@@ -227,8 +227,9 @@ def test_precheck_validates_every_swept_value_before_any_job(weights):
         precheck([*fixed, "quant.foo=1"])
     variants = sweep_variants(["-m", *fixed, "experiment=table1"])  # sweeps declared in the experiment file
     assert {v for variant in variants for v in variant if v.startswith("quant=")} == \
-        {"quant=bf16", "quant=rtn", "quant=quarot", "quant=qvg"}
-    assert len(variants) == 1 + 3 + 1  # first values, then each other value once (not the 8-run product)
+        {"quant=bf16", "quant=rtn", "quant=rtn_min_aligned", "quant=rtn_dither", "quant=rtn_smooth", "quant=rtn_int4",
+         "quant=quarot", "quant=qvg"}
+    assert len(variants) == 1 + 2 + 7 + 1  # first values, then each other value once (not the 48-job product)
     with pytest.raises(ValueError, match="quant.group_size=33"):
         precheck(["-m", *fixed, "experiment=table1", "quant.group_size=33"])
     assert sweep_variants(["--cfg", "job"]) is None  # Hydra's own flags: left to Hydra

@@ -499,7 +499,9 @@ def record_row(record: Mapping[str, Any]) -> dict:
     return row
 
 
-COMPARED = ("correction", "strength", "calibration")  # what a Table 1 cell compares: everything else must be equal
+# what a Table 1 cell compares (its treatment): everything else must be equal. "second_order": the b (1 - pi)
+# term of attention.second_order; "calibration": the fitted strengths file of attention.calibration
+COMPARED = ("correction", "strength", "second_order", "calibration")
 QUANTIZER = ("key", "value")            # what distinguishes the rows of one table
 
 

@@ -1,139 +1,228 @@
-"""Table 1: fidelity and VBench of each quantizer, "no correction -> correction", from the results store.
+"""Table 1: fidelity, VBench, content and the attention-mass shift of each quantizer, "no correction -> X" for
+every correction (treatment) X that was run, with 95% intervals and paired tests, from the results store.
 
     python -m jensenkv.report.table1 [--results results] [--out results] [--group-size 32] [--correction taylor]
                                      [--allow-incomplete]
 
-Writes ``table1.csv`` (one row per run, long form: model, quantizer, bits, group_size, rotation, correction,
-effective_bits, psnr, ssim, lpips, vbench, delta_p_s, ... and ``<metric>_missing_reason`` for every metric
-that could not be computed), ``table1.md`` and ``table1.tex`` (the paper's layout: rows model x quantizer,
-columns PSNR / SSIM / LPIPS / VBench as "none -> corrected"), and the figures under ``<out>/figures/``.
-Runs are chosen by content, not by experiment name: BF16 rows plus every quantized run with the chosen
-group size, full cache (no sinks / window) and values quantized like keys, all from one context (same
-model and sampler settings, weights, prompts and seeds: ``jensenkv.report.selection``); the two runs of a
-cell differ only in the correction. Runs of other contexts are left out and listed. The command prints
-which runs each row compares, and writes to ``--out`` only a complete table (every Table 1 row with both
-cells); otherwise it writes to ``<out>/partial/`` and exits 1, leaving the committed tables as they are.
+Writes ``table1.csv`` (one row per cell = table row x treatment, long form: model, quantizer, label, bits,
+group_size, rotation, rotation_seeds, zero_point, dither, smoothing, qvg_centroids, correction, strength,
+treatment, effective_bits, psnr, ssim, lpips, vbench, content, delta_p_s, ..., ``<metric>_missing_reason`` for
+every metric that could not be computed, ``num_videos``, ``<metric>_ci95_low`` / ``_high``, and on treated
+cells ``delta_<metric>`` / ``p_<metric>``), ``table1.md`` and ``table1.tex`` (rows model x quantizer x
+treatment, cells "none -> X"), ``table1_layers.csv`` (per cell and layer: the probes' means, error-model
+diagnostics em_* included; jensenkv.report.layers) and the figures under ``<out>/figures/``.
+
+Rows and treatments come from the runs' identities (``jensenkv.report.rows``): every quantizer setting is a
+row (its label spells out zero point, dither, smoothing, rotation, QVG centroids), every correction / strength
+a "none -> X" line. Runs of one quantizer over several rotation seeds are pooled into one row; their videos
+are paired with the uncorrected ones by (prompt, seed, rotation seed). Runs are chosen by content, not by
+experiment name: BF16 plus every quantized run with a full cache (no sinks / window) and values quantized like
+keys (RTN-family rows: group size ``--group-size``; QVG keeps its own residual block), all from one context
+(same model and sampler settings, weights, prompts, seeds and probes: ``jensenkv.report.selection``). Runs of
+other contexts are left out and listed. The command prints which runs each row compares, and writes to
+``--out`` only a complete table (every TABLE1_ROWS row with its "none" and ``--correction`` cells, and every
+treated cell with its baseline); otherwise it writes to ``<out>/partial/`` and exits 1, leaving the committed
+tables as they are.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from dataclasses import dataclass, field
-
-from jensenkv.report.intervals import add_intervals, video_metrics
-from jensenkv.report.selection import Selection, comparable, pairs
-from jensenkv.tracking import atomic_write, load_results, portable
+from jensenkv.report.intervals import RUN_SEPARATOR, add_intervals, video_metrics
+from jensenkv.report.layers import layer_means
+from jensenkv.report.rows import BASELINE, attach_details, bits_label, quantizer_label
+from jensenkv.report.selection import Selection, comparable, latest
+from jensenkv.tracking import atomic_write, load_attention, load_results, portable
 
 METRICS = ("psnr", "ssim", "lpips", "vbench", "content", "delta_p_s")
-CSV_COLUMNS = ("model", "quantizer", "bits", "group_size", "rotation", "correction", "strength", "effective_bits",
+CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
+               "dither", "smoothing", "qvg_centroids", "correction", "strength", "treatment", "effective_bits",
                "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
-               "vbench_dimensions_used", "run_id")
-QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6}
-QUANTIZER_NAMES = {"bf16": "BF16", "rtn": "RTN", "kivi": "KIVI", "quarot+rtn": "QuaRot+RTN",
-                   "quarot+kivi": "QuaRot+KIVI", "qvg": "QVG", "quarot+qvg": "QuaRot+QVG"}
-DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2}
+               "num_runs", "vbench_dimensions_used", "run_id")
+# Run-level numbers a pooled cell averages over its runs (weighted by videos); renamed to their CSV names.
+POOLED = {"effective_bits": "effective_bits", "psnr": "psnr", "ssim": "ssim", "lpips": "lpips", "vbench": "vbench",
+          "content": "content", "delta_p_s_mean": "delta_p_s", "delta_p_s_median": "delta_p_s_median",
+          "jsd_mean": "jsd"}
+QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6,
+                   "qvg_pro": 7, "qvg_rtn": 8}
+GRID_TAG_ORDER = {"min_aligned": 1, "fixed_point": 2, "dither": 3, "channel_mean": 4}  # QuantConfig.label's tags
+DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2, "delta_p_s": 4}
 LATEX_ARROWS = {"psnr": r"$\uparrow$", "ssim": r"$\uparrow$", "lpips": r"$\downarrow$", "vbench": r"$\uparrow$",
-                "content": r"$\uparrow$"}  # which way is better
-HEADERS = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "content": "Content"}
+                "content": r"$\uparrow$", "delta_p_s": r"$\to 0$"}  # which way is better
+HEADERS = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "content": "Content",
+           "delta_p_s": "dP_S"}
 NO_REFERENCE = ("vbench", "content")  # scored on the video alone: BF16 rows show their own value
 REASON_SOURCE = {"delta_p_s": "attention"}  # the runner records why the attention metrics are missing
-SETTING = ("model", "quantizer", "bits", "group_size", "rotation", "correction")
-ROW = ("model", "quantizer", "bits", "group_size", "rotation")
-# The rows of the committed Table 1 (experiment=table1 and experiment=tradeoff): (quantizer, bits).
-TABLE1_ROWS = (("bf16", 16), ("rtn", 2), ("rtn", 4), ("quarot+rtn", 2), ("qvg", 2))
+ROW = ("model", "row_id")  # one table row: a quantizer setting of one model (rotation seeds pooled)
+CELL = (*ROW, "treatment")
+# The rows the committed Table 1 must have (experiment=table1), as (quantizer label, bits); each needs its
+# "none" and --correction cells. Rows beyond these (other options, other corrections) are shown when run.
+TABLE1_ROWS = (("bf16", 16), ("rtn", 2), ("rtn+min_aligned", 2), ("rtn+dither", 2), ("rtn+channel_mean", 2),
+               ("rtn", 4), ("quarot+rtn", 2), ("qvg", 2))
+PAIRED_HEADER = "dPSNR [95% CI], p"
 
 
-def select_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str, ...] = ("none", "taylor")) -> pd.DataFrame:
-    """The runs Table 1 shows: one per (model, quantizer, bits, group size, rotation, correction)."""
+def select_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The runs Table 1 shows: one per (model, row, rotation seed, treatment)."""
     return choose_runs(runs, group_size, corrections).runs
 
 
-def choose_runs(runs: pd.DataFrame, group_size: int = 32,
-                corrections: tuple[str, ...] = ("none", "taylor")) -> Selection:
-    """Table 1's runs, all of one context, with both runs of a cell from one setting; and what was left out."""
+def choose_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str, ...] | None = None,
+                results_dir: str | Path | None = None) -> Selection:
+    """Table 1's runs, all of one context per model, the latest per (row, rotation seed, treatment); and what
+    was left out. ``corrections``: keep only these (None: every correction run)."""
+    runs = attach_details(runs, results_dir)
     candidates = table1_candidates(runs, group_size, corrections)
     selection = comparable(candidates)
-    selection.runs = pairs(selection.runs, ROW, tuple(corrections))
+    if not selection.runs.empty:
+        selection.runs = latest(selection.runs, ("model", "row_id", "rotation_seed", "treatment"))
     return selection
 
 
-def table1_candidates(runs: pd.DataFrame, group_size: int, corrections: tuple[str, ...]) -> pd.DataFrame:
-    """BF16 runs and quantized runs of the table's kind (group size, full cache, values like keys)."""
+def table1_candidates(runs: pd.DataFrame, group_size: int, corrections: tuple[str, ...] | None) -> pd.DataFrame:
+    """BF16 runs and quantized runs of the table's kind (full cache, values like keys, RTN-family group size)."""
     if runs.empty:
         return runs
     runs = runs.copy()
-    for col in ("sink_chunks", "window_chunks", "values", "granularity", "group_size", "strength"):
+    for col in ("sink_chunks", "window_chunks", "values", "granularity", "group_size", "method"):
         if col not in runs.columns:
             runs[col] = None
     full_cache = (runs["sink_chunks"].fillna(0) == 0) & runs["window_chunks"].isna()
     bf16 = runs["quantizer"] == "bf16"
-    quantized = (~bf16) & (runs["values"] == "same") & (runs["correction"].isin(corrections)) & \
-        (runs["strength"].fillna(1.0) == 1.0) & (runs["group_size"] == group_size)
+    own_block = runs["method"] == "qvg"  # QVG's residual block is its preset's (published: 64)
+    quantized = (~bf16) & (runs["values"] == "same") & (own_block | (runs["group_size"] == group_size))
+    if corrections is not None:
+        quantized &= runs["correction"].isin(corrections)
     return runs[full_cache & (bf16 | quantized)]
 
 
-def long_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """The CSV form: required columns first, then each metric's missing reason (empty when present)."""
-    table = runs.copy()
-    rename = {"delta_p_s_mean": "delta_p_s", "jsd_mean": "jsd"}
-    table = table.rename(columns=rename)
+def _order(row: pd.Series) -> tuple:
+    """BF16, then per family (QUANTIZER_ORDER) by bits, the plain grid before its options (GRID_TAG_ORDER)."""
+    quantizer = str(row["quantizer"])
+    rotated = quantizer.startswith("quarot+")
+    base, *tags = quantizer.removeprefix("quarot+").split("+")
+    family = QUANTIZER_ORDER.get(("quarot+" if rotated else "") + base, 99)
+    return (family, row["bits"] if pd.notna(row["bits"]) else 0, tuple(GRID_TAG_ORDER.get(t, 99) for t in tags),
+            str(row["label"]))
+
+
+def _pooled_median(results_dir: Path | None, run_ids: list[str]) -> float:
+    """delta_p_s median over every denoising probe of the pooled runs (NaN when a run has no probes)."""
+    from jensenkv.eval.attention import denoising_rows
+
+    if results_dir is None:
+        return math.nan
+    try:
+        frames = [denoising_rows(load_attention(results_dir, r)) for r in run_ids]
+    except FileNotFoundError:
+        return math.nan
+    return float(pd.concat(frames)["delta_p_s"].median())
+
+
+def pool_cells(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFrame:
+    """One row per cell (model, row, treatment): its runs (one per rotation seed) pooled. Numbers are the
+    runs' values averaged with weights = videos per run (= the mean over all the cell's videos); a number
+    missing from any run is missing for the cell, with that run's reason."""
+    cells = []
+    for _, group in runs.groupby(list(CELL), dropna=False, sort=False):
+        group = group.sort_values("rotation_seed", na_position="first")
+        first = group.iloc[0].to_dict()
+        cell = {k: v for k, v in first.items() if not k.endswith("_missing_reason")}
+        weights = group["num_prompts"].astype(float).fillna(1.0).to_numpy()
+        for source, name in POOLED.items():
+            values = group[source].astype(float) if source in group.columns else pd.Series([math.nan] * len(group))
+            cell[name] = float((values.to_numpy() * weights).sum() / weights.sum()) if values.notna().all() \
+                else math.nan
+        if len(group) > 1 and pd.notna(cell["delta_p_s_median"]):
+            cell["delta_p_s_median"] = _pooled_median(results_dir, list(group["run_id"]))
+        for col in [c for c in group.columns if c.endswith("_missing_reason")]:
+            reasons = group[col].dropna()
+            cell[col] = reasons.iloc[0] if len(reasons) else None
+        seeds = [int(s) for s in group["rotation_seed"].dropna()]
+        cell["rotation_seeds"] = ",".join(str(s) for s in seeds) if seeds else None
+        cell["num_runs"] = len(group)
+        cell["num_prompts"] = int(group["num_prompts"].fillna(0).sum())
+        cell["run_id"] = RUN_SEPARATOR.join(group["run_id"])
+        cell["label"] = quantizer_label(cell, len(seeds))
+        cells.append(cell)
+    return pd.DataFrame(cells)
+
+
+def long_table(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFrame:
+    """The CSV form, one row per cell: required columns first, then each metric's missing reason (empty when
+    present)."""
+    runs = attach_details(runs)
+    for col in ("num_prompts", "quantizer", "bits", "group_size", "rotation", "correction", "strength"):
+        if col not in runs.columns:
+            runs[col] = None
+    table = pool_cells(runs, results_dir) if not runs.empty else pd.DataFrame(columns=list(CSV_COLUMNS))
     for col in CSV_COLUMNS:
         if col not in table.columns:
             table[col] = None
     for metric in METRICS:
         reason_col = f"{metric}_missing_reason"
         given = f"{REASON_SOURCE.get(metric, metric)}_missing_reason"
-        table[reason_col] = runs[given] if given in runs.columns else None
+        table[reason_col] = table[given] if given in table.columns else None
         no_value = table[metric].isna()
         table.loc[no_value & table[reason_col].isna(), reason_col] = f"{metric} was not computed for this run"
         table.loc[~no_value, reason_col] = None
         table[reason_col] = table[reason_col].map(lambda r: portable(r) if isinstance(r, str) else r)
-    table["_order"] = table["quantizer"].map(QUANTIZER_ORDER).fillna(99)
-    table = table.sort_values(["model", "_order", "bits", "rotation", "correction"]).drop(columns="_order")
-    for col in ("bits", "group_size", "num_prompts"):  # integers, empty where not applicable (bf16 group size)
+    if not table.empty:
+        keys = [(str(row["model"]), *_order(row), row["treatment"] != BASELINE, str(row["treatment"]))
+                for _, row in table.iterrows()]
+        table = table.iloc[sorted(range(len(table)), key=keys.__getitem__)]
+    for col in ("bits", "group_size", "num_prompts", "num_runs", "qvg_centroids"):  # integers, empty where n/a
         table[col] = pd.to_numeric(table[col], errors="coerce").astype("Int64")
     reasons = [f"{m}_missing_reason" for m in METRICS]
-    return table[list(CSV_COLUMNS) + reasons].reset_index(drop=True)
+    extra = [c for c in ("row_id", "probe_steps") if c in table.columns]
+    return table[list(CSV_COLUMNS) + reasons + extra].reset_index(drop=True)
 
 
 def _fmt(value: object, metric: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return "n/a"
     return f"{float(value):.{DIGITS[metric]}f}"
 
 
-def paper_table(table: pd.DataFrame, correction: str = "taylor") -> pd.DataFrame:
-    """Rows model x quantizer (x bits), cells "no correction -> correction" (BF16: "-" for the fidelity columns)."""
+def paper_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows model x quantizer x treatment, cells "none -> X" (BF16: "-" for the reference-based columns; a row
+    with no treated cell: one line "none")."""
+    if "treatment" not in table.columns:  # label columns only (a caller's own frame)
+        table = attach_details(table)
+    if "label" not in table.columns:
+        table = table.assign(label=[quantizer_label(r) for _, r in table.iterrows()])
     rows = []
-    keys = ["model", "quantizer", "bits", "group_size", "rotation"]
-    for (model, quantizer, bits, group, _), group_rows in table.groupby(keys, dropna=False, sort=False):
-        by_corr = {r["correction"]: r for _, r in group_rows.iterrows()}
-        row = {"model": model, "quantizer": QUANTIZER_NAMES.get(quantizer, quantizer),
-               "bits": "BF16" if quantizer == "bf16" else f"INT{int(bits)} g{int(group)}"}
-        base = by_corr.get("none")
-        fixed = by_corr.get(correction)
-        for metric, header in HEADERS.items():
-            if quantizer == "bf16":
-                row[header] = _fmt(base.get(metric), metric) if metric in NO_REFERENCE and base is not None else "-"
-                continue
-            a = _fmt(base.get(metric), metric) if base is not None else "n/a"
-            b = _fmt(fixed.get(metric), metric) if fixed is not None else "n/a"
-            row[header] = f"{a} -> {b}"
-        row[PAIRED_HEADER] = _paired(fixed) if quantizer != "bf16" else "-"
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", *HEADERS.values(), PAIRED_HEADER])
-
-
-PAIRED_HEADER = "dPSNR [95% CI], p"
+    for _, group in table.groupby(list(ROW) if "row_id" in table.columns else ["model"], dropna=False, sort=False):
+        by_treatment = {r["treatment"]: r for _, r in group.iterrows()}
+        base = by_treatment.get(BASELINE)
+        first = group.iloc[0]
+        treated = [t for t in by_treatment if t != BASELINE] or [None]
+        for treatment in treated:
+            fixed = by_treatment.get(treatment) if treatment is not None else None
+            row = {"model": first["model"], "quantizer": first["label"], "bits": bits_label(first),
+                   "correction": "-" if first["quantizer"] == "bf16" else
+                   (f"none -> {treatment}" if treatment is not None else "none")}
+            for metric, header in HEADERS.items():
+                if first["quantizer"] == "bf16":
+                    row[header] = _fmt(base.get(metric), metric) if metric in NO_REFERENCE and base is not None \
+                        else "-"
+                    continue
+                a = _fmt(base.get(metric), metric) if base is not None else "n/a"
+                b = _fmt(fixed.get(metric), metric) if fixed is not None else "n/a"
+                row[header] = f"{a} -> {b}" if treatment is not None else a
+            row[PAIRED_HEADER] = _paired(fixed) if first["quantizer"] != "bf16" else "-"
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["model", "quantizer", "bits", "correction", *HEADERS.values(), PAIRED_HEADER])
 
 
 def _paired(fixed: pd.Series | None) -> str:
-    """The corrected run's paired PSNR difference to its uncorrected twin, with interval and p-value."""
+    """The treated cell's paired PSNR difference to its baseline, with interval and p-value."""
     if fixed is None or pd.isna(fixed.get("delta_psnr", math.nan)):
         return "n/a"
     low, high = fixed.get("delta_psnr_ci95_low"), fixed.get("delta_psnr_ci95_high")
@@ -142,7 +231,7 @@ def _paired(fixed: pd.Series | None) -> str:
 
 
 def missing_notes(table: pd.DataFrame) -> list[str]:
-    """One line per distinct reason a metric is missing (the tables' footnotes)."""
+    """One line per distinct reason a metric is missing, and how the cells were measured (the footnotes)."""
     notes = []
     for metric in HEADERS:
         col = f"{metric}_missing_reason"
@@ -155,8 +244,28 @@ def missing_notes(table: pd.DataFrame) -> list[str]:
     return notes
 
 
+def measurement_notes(table: pd.DataFrame) -> list[str]:
+    """What each cell averages over: videos, pooled rotation seeds, the probed denoising steps."""
+    notes = []
+    if "num_videos" in table.columns and len(table):
+        counts = sorted({int(n) for n in table["num_videos"]})
+        notes.append("each cell: mean over its videos (n = prompts x seeds, x rotation seeds where pooled; n = "
+                     + "/".join(str(c) for c in counts) + ") with a 95% bootstrap interval in table1.csv; "
+                     + PAIRED_HEADER + ": treated - none, paired video by video (prompt, seed, rotation seed), "
+                     "bootstrap interval, sign-flip p")
+    pooled = table[table["num_runs"].fillna(1) > 1] if "num_runs" in table.columns else table.iloc[0:0]
+    for label, seeds in dict(zip(pooled["label"], pooled["rotation_seeds"])).items():
+        notes.append(f"{label}: rotation seeds {seeds} pooled into one row")
+    steps = table["probe_steps"].dropna().unique() if "probe_steps" in table.columns else []
+    for probed in steps:
+        notes.append(f"dP_S (P_S quantized - P_S BF16, attention mass on the cache): mean over probes on "
+                     f"denoising steps {probed} only (every layer, chunk, branch and video)")
+    return notes
+
+
 LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+TITLE = "Table 1: each correction X against no correction (none -> X)"
 
 
 def _latex_escape(text: str) -> str:
@@ -165,25 +274,26 @@ def _latex_escape(text: str) -> str:
     return escaped.replace("->", r"$\rightarrow$")
 
 
-def to_latex(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
+def to_latex(paper: pd.DataFrame, notes: list[str]) -> str:
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             r"\begin{tabular}{lll" + "c" * (len(HEADERS) + 1) + "}", r"\toprule",
-             " & ".join(["Model", "Quantizer", "Bits"] + [f"{HEADERS[m]} {LATEX_ARROWS[m]}" for m in HEADERS]
+             r"\begin{tabular}{llll" + "c" * (len(HEADERS) + 1) + "}", r"\toprule",
+             " & ".join(["Model", "Quantizer", "Bits", "Correction"]
+                        + [f"{_latex_escape(HEADERS[m])} {LATEX_ARROWS[m]}" for m in HEADERS]
                         + [_latex_escape(PAIRED_HEADER)])
              + r" \\",
              r"\midrule"]
     for _, row in paper.iterrows():
         lines.append(" & ".join(_latex_escape(str(row[c])) for c in paper.columns) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}",
-              r"\caption{Fidelity to the BF16 video, VBench and prompt-content recovery, no correction $\rightarrow$ "
-              + _latex_escape(correction) + " correction."
+              r"\caption{Fidelity to the BF16 video, VBench, prompt-content recovery and attention-mass shift, "
+              r"no correction $\rightarrow$ each correction."
               + "".join(" " + _latex_escape(n) + "." for n in notes) + "}",
               r"\label{tab:table1}", r"\end{table}", ""]
     return "\n".join(lines)
 
 
-def to_markdown(paper: pd.DataFrame, notes: list[str], correction: str) -> str:
-    text = f"# Table 1: no correction -> {correction} correction\n\n" + paper.to_markdown(index=False) + "\n"
+def to_markdown(paper: pd.DataFrame, notes: list[str]) -> str:
+    text = f"# {TITLE}\n\n" + paper.to_markdown(index=False) + "\n"
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     return text
@@ -207,15 +317,16 @@ class Table1:
     def describe(self) -> str:
         """What each row compares and from which runs; what was left out; what is missing."""
         lines = [f"Table 1 compares runs over {self.selection.context_desc}:"]
-        for keys, rows in self.table.groupby(list(ROW), dropna=False, sort=False):
-            model, quantizer, bits, group, _ = keys
-            by_corr = dict(zip(rows["correction"], rows["run_id"]))
-            name = f"{model} {QUANTIZER_NAMES.get(quantizer, quantizer)}"
-            if quantizer == "bf16":
-                lines.append(f"  {name}: run {by_corr.get('none')}")
+        for _, rows in self.table.groupby(list(ROW), dropna=False, sort=False):
+            first = rows.iloc[0]
+            name = f"{first['model']} {first['label']}"
+            by_treatment = dict(zip(rows["treatment"], rows["run_id"]))
+            if first["quantizer"] == "bf16":
+                lines.append(f"  {name}: run {by_treatment.get(BASELINE)}")
                 continue
-            lines.append(f"  {name} INT{int(bits)} g{int(group)}: none (run {by_corr.get('none', 'missing')}) -> "
-                         f"{self.correction} (run {by_corr.get(self.correction, 'missing')})")
+            base = f"none (run {by_treatment.get(BASELINE, 'missing')})"
+            treated = [f"{t} (run {r})" for t, r in by_treatment.items() if t != BASELINE] or ["nothing"]
+            lines.append(f"  {name} {bits_label(first)}: {base} -> " + "; ".join(treated))
         if self.selection.left_out:
             lines.append(f"left out ({len(self.selection.left_out)} runs of another context, never mixed in):")
             lines += [f"  {line}" for line in self.selection.left_out]
@@ -224,8 +335,9 @@ class Table1:
         return "\n".join(lines)
 
 
-def table1_gaps(table: pd.DataFrame, correction: str) -> list[str]:
-    """Table 1 rows (TABLE1_ROWS, per model) without a run or without one of their two cells."""
+def table1_gaps(table: pd.DataFrame, correction: str, runs: pd.DataFrame | None = None) -> list[str]:
+    """What keeps the table from being complete: TABLE1_ROWS rows (per model) without a run or without their
+    "none" / ``correction`` cell; treated runs (per rotation seed) without their uncorrected twin in ``runs``."""
     if table.empty:
         return ["every row (no runs)"]
     gaps = []
@@ -233,13 +345,22 @@ def table1_gaps(table: pd.DataFrame, correction: str) -> list[str]:
         part = table[table["model"] == model]
         for quantizer, bits in TABLE1_ROWS:
             rows = part[(part["quantizer"] == quantizer) & (part["bits"] == bits)]
-            label = f"{model} {QUANTIZER_NAMES.get(quantizer, quantizer)}" + ("" if quantizer == "bf16" else f" INT{bits}")
-            wanted = ("none",) if quantizer == "bf16" else ("none", correction)
-            lacking = [c for c in wanted if c not in set(rows["correction"])]
+            label = f"{model} {quantizer}" + ("" if quantizer == "bf16" else f" INT{bits}")
+            wanted = (BASELINE,) if quantizer == "bf16" else (BASELINE, correction)
+            lacking = [c for c in wanted if c not in set(rows["treatment"])]
             if len(lacking) == len(wanted):
                 gaps.append(f"{label} (no run)")
             elif lacking:
                 gaps.append(f"{label} ({', '.join(lacking)} run)")
+    if runs is not None and not runs.empty:
+        seeds = runs.assign(rotation_seed=runs["rotation_seed"].fillna(-1))
+        baselines = set(map(tuple, seeds.loc[seeds["treatment"] == BASELINE, ["model", "row_id", "rotation_seed"]]
+                            .itertuples(index=False)))
+        for _, run in seeds[(seeds["treatment"] != BASELINE) & (seeds["quantizer"] != "bf16")].iterrows():
+            if (run["model"], run["row_id"], run["rotation_seed"]) not in baselines:
+                seed = "" if run["rotation_seed"] == -1 else f" rotation seed {int(run['rotation_seed'])}"
+                gaps.append(f"{run['model']} {run['quantizer']} INT{run['bits']}{seed}: no uncorrected twin of "
+                            f"{run['treatment']} run {run['run_id']}")
     return gaps
 
 
@@ -249,11 +370,12 @@ def build_table1(results_dir: str | Path = "results", group_size: int = 32, corr
     if runs.empty:
         raise FileNotFoundError(f"no finished runs under {results_dir / 'runs'}: run "
                                 "`python -m jensenkv.run -m experiment=table1` first")
-    selection = choose_runs(runs, group_size, ("none", correction))
-    table = long_table(selection.runs)
-    table = add_intervals(table, video_metrics(results_dir, table["run_id"]), correction)
-    return Table1(table, paper_table(table, correction), missing_notes(table), selection, correction,
-                  table1_gaps(table, correction))
+    selection = choose_runs(runs, group_size, None, results_dir)
+    table = long_table(selection.runs, results_dir)
+    table = add_intervals(table, video_metrics(results_dir, table["run_id"]), ROW, BASELINE)
+    notes = measurement_notes(table) + missing_notes(table)
+    return Table1(table, paper_table(table), notes, selection, correction,
+                  table1_gaps(table, correction, selection.runs))
 
 
 def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None = None, group_size: int = 32,
@@ -269,12 +391,14 @@ def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None
     t1 = built or build_table1(results_dir, group_size, correction)
     if not t1.complete and not allow_incomplete:
         out = out / "partial"
-    table, paper, notes = t1.table, t1.paper, t1.notes
+    table, paper, notes = t1.table.drop(columns=["row_id", "probe_steps"], errors="ignore"), t1.paper, t1.notes
     written = {
         "csv": str(atomic_write(out / "table1.csv", lambda f: table.to_csv(f, index=False), mode="w")),
-        "md": str(atomic_write(out / "table1.md", lambda f: f.write(to_markdown(paper, notes, correction)), mode="w")),
-        "tex": str(atomic_write(out / "table1.tex", lambda f: f.write(to_latex(paper, notes, correction)), mode="w")),
+        "md": str(atomic_write(out / "table1.md", lambda f: f.write(to_markdown(paper, notes)), mode="w")),
+        "tex": str(atomic_write(out / "table1.tex", lambda f: f.write(to_latex(paper, notes)), mode="w")),
     }
+    layers = layer_means(t1.table, results_dir)  # per-layer probe means (em_* diagnostics) of every cell
+    written["layers"] = str(atomic_write(out / "table1_layers.csv", lambda f: layers.to_csv(f, index=False), mode="w"))
     if figures:
         from jensenkv.report.figures import write_figures
 
@@ -286,8 +410,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default="results", help="results directory with runs/ (default: results)")
     parser.add_argument("--out", default=None, help="where table1.* and figures/ go (default: --results)")
-    parser.add_argument("--group-size", type=int, default=32)
-    parser.add_argument("--correction", default="taylor", choices=("taylor", "exact"))
+    parser.add_argument("--group-size", type=int, default=32, help="group size of the RTN-family rows")
+    parser.add_argument("--correction", default="taylor",
+                        help="the correction every required row must have (others run are shown too)")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="write an incomplete table to --out too (default: to <out>/partial/)")
