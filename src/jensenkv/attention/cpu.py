@@ -14,6 +14,7 @@ per device and dtype, shared by all layers, grown to the widest window seen), ne
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Sequence
 
@@ -38,9 +39,10 @@ from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_key_columns,
     exact_series_query_columns,
+    exact_series_terms,
     group_bias,
     query_group_sq_norms,
-    series_terms,
+    series_tolerance,
 )
 from jensenkv.quant.rtn import RTNTensor
 
@@ -154,7 +156,10 @@ def _bias_columns(
         bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
-        terms = series_terms(bound)
+        # terms: the fewest whose truncation error stays below the resolution of q's dtype (series_tolerance)
+        r_sq = (qb / q_max.clamp_min(torch.finfo(work).tiny)).square()  # (B, H, Q, D), each in [0, 1]
+        tol = series_tolerance(q.dtype) / abs(strength) if strength else math.inf
+        terms = exact_series_terms(bound, lambda m: float(r_sq.pow(m).sum(-1).amax()), tol)
         q_cols[kind] = -(strength / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)
 
