@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from jensenkv.quant.packing import unpack_bytes
-from jensenkv.quant.rtn import RTNTensor
+from jensenkv.quant.rtn import RTNTensor, code_zero
 from jensenkv.quant.tensors import FullPrecisionTensor, QuantizedTensor
 
 _BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -81,8 +81,10 @@ def dequantize_many_into(stored: list[RTNTensor], out: torch.Tensor) -> None:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
     packed = cat([t.packed.view(b, h, t.shape[2], d // per) for t in stored])  # (B, H, N, D / per) uint8
-    step = cat([t.step for t in stored]).float()  # (B, H, N, G)
-    shift = cat([t.code_zero() for t in stored]) * -step  # (B, H, N, G): x = code * step + shift
+    stored_step = cat([t.step for t in stored])  # (B, H, N, G) in the scale dtype
+    step = stored_step.float()
+    zero = None if first.zero is None else cat([t.zero for t in stored])  # one convention (the batch key)
+    shift = code_zero(zero, stored_step, bits, first.zero_point) * -step  # (B, H, N, G): x = code * step + shift
     _affine_into(unpack_bytes(packed, bits), step, shift, span, out)
 
 
