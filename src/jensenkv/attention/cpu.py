@@ -186,7 +186,8 @@ def _bias_columns(
             return None
         # terms: the fewest whose truncation error stays below the resolution of q's dtype (series_tolerance)
         r_sq = (qb / q_max.clamp_min(torch.finfo(work).tiny)).square()  # (B, H, Q, D), each in [0, 1]
-        tol = series_tolerance(q.dtype) / abs(strength) if strength else math.inf
+        peak = float(torch.as_tensor(strength).abs().max())  # the bias scales by strength (a float or per head)
+        tol = series_tolerance(q.dtype) / peak if peak else math.inf
         terms = exact_series_terms(bound, lambda m: float(r_sq.pow(m).sum(-1).amax()), tol)
         q_cols[kind] = -(strength / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)

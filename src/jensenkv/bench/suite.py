@@ -314,7 +314,7 @@ def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float)
     cpu = platform.processor() or platform.machine()
     lines = ["# jensenkv benchmarks", "",
              f"CPU {cpu}, {len(os.sched_getaffinity(0))} usable cores, torch {torch.__version__} with "
-             f"{torch.get_num_threads()} threads, GPU: "
+             f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), GPU: "
              f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}; wall time {seconds:.0f} s.",
              "Timing ratios: median of paired, interleaved repetitions, with their interquartile range (iqr); "
              "unit `ratio` is process CPU time (what the targets read), `ratio (wall)` wall clock.",
