@@ -220,7 +220,7 @@ def series_truncation_bound(arg_bound: float, terms: int, power_sum: float) -> f
 
     The series of log(sinh x / x) alternates, with terms shrinking for |x| < pi, so dropping the terms
     n > N errs by at most the first dropped one: |a_(N+1)| x_c^(2N+2) per channel. With
-    x_c = arg_bound * r_c (r_c = q_c / max|q|, |r_c| <= 1) the sum over channels is at most
+    |x_c| <= arg_bound * |r_c| (r_c = q_c / max|q|, |r_c| <= 1) the sum over channels is at most
     |a_(N+1)| * arg_bound^(2N+2) * power_sum, power_sum = max over queries of sum_c r_c^(2N+2) (<= D).
     """
     a_next = abs(log_sinhc_series_coefficients(terms + 1)[terms])
