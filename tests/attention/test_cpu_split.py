@@ -51,3 +51,12 @@ def test_no_split_when_value_width_differs_or_below_the_threshold(flash_calls: l
     wide = make_case(4, False, seed=25, value_dim=128)
     cached_attention(wide.q, wide.k_cur, wide.v_cur, wide.segments, "taylor")
     assert flash_calls == []
+
+
+@pytest.mark.parametrize("value_dim", [64, 128])
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+def test_output_is_contiguous(correction: str, value_dim: int) -> None:
+    """Like SDPA's own output: the padded-value form is sliced back to Dv and must not stay a strided view."""
+    case = make_case(4, False, seed=26, value_dim=value_dim)
+    out = cached_attention(case.q, case.k_cur, case.v_cur, case.segments, correction)
+    assert out.shape == (*case.q.shape[:3], value_dim) and out.is_contiguous()

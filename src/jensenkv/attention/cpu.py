@@ -109,7 +109,10 @@ def cached_attention(
             q_aug, k_aug, v_pad = augmented
             if split:
                 return _merge(_FLASH(q_aug, k_aug, v_pad, scale=scale), _FLASH(q, k_cur, v_cur, scale=scale), q.dtype)
-            return F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)[..., : v_cur.shape[-1]]
+            out = F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)  # (B, H, Q, E)
+            # contiguous like every other path's output: a strided (B, H, Q, Dv) view sends the caller's
+            # head merge and output projection down slower paths (mm + add instead of addmm)
+            return out[..., : v_cur.shape[-1]].contiguous()
     keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
     if not corrected:
         return F.scaled_dot_product_attention(q, keys, values, scale=scale)
