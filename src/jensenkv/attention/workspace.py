@@ -53,6 +53,9 @@ def carve(flat: torch.Tensor, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
     return out
 
 
+_PIECE = 2048  # tokens unpacked at a time: the uint8 / int32 code temporaries stay O(B * H * _PIECE * D) bytes
+
+
 def batch_key(stored: QuantizedTensor) -> tuple | None:
     """Chunks with equal keys are dequantized together by ``dequantize_many_into``; None: one at a time.
 
@@ -85,7 +88,9 @@ def dequantize_many_into(stored: list[RTNTensor], out: torch.Tensor) -> None:
     step = stored_step.float()
     zero = None if first.zero is None else cat([t.zero for t in stored])  # one convention (the batch key)
     shift = code_zero(zero, stored_step, bits, first.zero_point) * -step  # (B, H, N, G): x = code * step + shift
-    _affine_into(unpack_bytes(packed, bits), step, shift, span, out)
+    for start in range(0, packed.shape[2], _PIECE):  # pieces bound the code temporaries, whatever the window
+        rows = slice(start, start + _PIECE)
+        _affine_into(unpack_bytes(packed[:, :, rows], bits), step[:, :, rows], shift[:, :, rows], span, out[:, :, rows])
 
 
 def _affine_into(codes: torch.Tensor, step: torch.Tensor, shift: torch.Tensor, span: int, out: torch.Tensor) -> None:
