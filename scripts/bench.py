@@ -10,7 +10,12 @@ import argparse
 import os
 from pathlib import Path
 
-import torch
+# Idle OpenMP threads sleep instead of spinning: on a shared CPU a thread descheduled by another tenant
+# otherwise makes its partner spin at every barrier, and that spinning counts as this process's CPU time
+# (the unit the targets read), more so for paths with more parallel ops. Set before torch starts OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 from jensenkv.bench.suite import BENCHMARKS, Plan, quick_plan, run_suite
 

@@ -12,11 +12,15 @@ from jensenkv import correction
 from jensenkv.correction import (
     GroupSteps,
     bias_basis_query,
+    exact_series_key_columns,
+    exact_series_query_columns,
+    exact_series_terms,
     expand_group_steps,
     group_bias,
     jensen_bias,
     log_sinhc,
     log_sinhc_series_coefficients,
+    series_tolerance,
 )
 from jensenkv.quant.hadamard import RandomHadamard
 
@@ -140,6 +144,45 @@ def test_exact_series_branch_is_accurate_at_its_bound() -> None:
     steps = GroupSteps(steps.step * (1.49 / bound))
     expected = jensen_bias(q.double(), expand_group_steps(steps, 128).double(), "exact")
     assert torch.allclose(group_bias(q.double(), steps, "exact"), expected, rtol=1e-9)
+
+
+FP32_HALF_EPS = 2.0**-24  # the stated bound on the series' truncation for float32 attention, written out
+
+
+@pytest.mark.parametrize("arg_bound", [0.3, 0.6, 1.0, correction.SERIES_MAX_ARG])
+@pytest.mark.parametrize("edge_channels", [128, 1])
+def test_exact_series_truncation_within_half_an_fp32_epsilon_at_the_bound(arg_bound: float, edge_channels: int) -> None:
+    """Every step at its largest and ``edge_channels`` channels per query at max|q| (the rest at a tenth): those
+    x_c sit on the bound, where the alternating series' remainder is largest. The terms chosen for float32 keep
+    the truncation of the whole bias within eps/2, and one term fewer does not (a looser rule fails here)."""
+    dim, groups, scale, q_max = 128, 4, 128**-0.5, 3.0
+    q = torch.full((1, 1, 2, dim), 0.1 * q_max, dtype=torch.float64)  # (B, H, Q, D)
+    q[..., :edge_channels] = q_max
+    q[:, :, 1] *= -1  # the bias is even in q
+    step = torch.full((1, 1, 3, groups), arg_bound / (0.5 * scale * q_max), dtype=torch.float64)  # (B, H, K, G)
+    r_sq = (q / q_max).square()
+    terms = exact_series_terms(arg_bound, lambda m: float(r_sq.pow(m).sum(-1).amax()),
+                               series_tolerance(torch.float32))
+    exact = jensen_bias(q, expand_group_steps(GroupSteps(step), dim), "exact", scale)  # (B, H, Q, K) float64
+
+    def truncation_error(n: int) -> float:
+        q_cols = exact_series_query_columns(q, groups, torch.tensor(q_max, dtype=torch.float64), n)  # (B, H, Q, G*n)
+        k_cols = exact_series_key_columns(step, scale, torch.tensor(q_max, dtype=torch.float64), n)  # (B, H, K, G*n)
+        return float((q_cols @ k_cols.transpose(-1, -2) - exact).abs().max())
+
+    assert series_tolerance(torch.float32) == FP32_HALF_EPS
+    assert truncation_error(terms) <= FP32_HALF_EPS
+    assert terms == 1 or truncation_error(terms - 1) > FP32_HALF_EPS
+
+
+def test_exact_series_terms_follow_the_dtype_and_the_query_spread() -> None:
+    """Coarser dtypes need fewer terms; a query whose mass sits in one channel needs no more than a flat one."""
+    flat, peaked = (lambda m: 128.0), (lambda m: 1.0)
+    by_dtype = [exact_series_terms(1.0, flat, series_tolerance(d)) for d in (torch.bfloat16, torch.float16,
+                                                                           torch.float32, torch.float64)]
+    assert by_dtype == sorted(by_dtype) and by_dtype[0] < by_dtype[2] < by_dtype[3]
+    assert exact_series_terms(1.0, peaked, FP32_HALF_EPS) < exact_series_terms(1.0, flat, FP32_HALF_EPS)
+    assert exact_series_terms(0.0, flat, FP32_HALF_EPS) == 1
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ steals softmax mass. Subtracting b = log E[exp(scale * q.e)] from the cached sco
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -201,6 +202,45 @@ def series_terms(arg_bound: float, tol: float = 1e-9) -> int:
     if ratio <= 0:
         return 1
     return max(1, min(_SERIES_TERMS_GROUP, math.ceil(math.log(tol) / math.log(ratio))))
+
+
+def series_tolerance(dtype: torch.dtype) -> float:
+    """Truncation tolerance of the exact bias's series, in score units, for attention run in ``dtype``.
+
+    Softmax weights see a score only through exp(s - max): an absolute score error delta scales that
+    weight by exp(-delta) ~ 1 - delta. Half the dtype's machine epsilon keeps the relative change of
+    every weight below half an ulp, i.e. below the rounding of the weight itself in that dtype (fp32:
+    6.0e-8, where CPU SDPA's own exp is accurate to ~20 ulp; bf16: 3.9e-3).
+    """
+    return 0.5 * torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps
+
+
+def series_truncation_bound(arg_bound: float, terms: int, power_sum: float) -> float:
+    """Upper bound of |exact bias - its N-term series| summed over channels.
+
+    The series of log(sinh x / x) alternates, with terms shrinking for |x| < pi, so dropping the terms
+    n > N errs by at most the first dropped one: |a_(N+1)| x_c^(2N+2) per channel. With
+    |x_c| <= arg_bound * |r_c| (r_c = q_c / max|q|, |r_c| <= 1) the sum over channels is at most
+    |a_(N+1)| * arg_bound^(2N+2) * power_sum, power_sum = max over queries of sum_c r_c^(2N+2) (<= D).
+    """
+    a_next = abs(log_sinhc_series_coefficients(terms + 1)[terms])
+    return a_next * float(arg_bound) ** (2 * terms + 2) * power_sum
+
+
+def exact_series_terms(arg_bound: float, power_sum: Callable[[int], float], tol: float) -> int:
+    """Fewest series terms N (at most _SERIES_TERMS_GROUP) with ``series_truncation_bound`` <= tol.
+
+    power_sum(m): max over queries of sum_c (q_c / max|q|)^(2m), which is >= 1 (the largest channel),
+    so N is first raised on the data-free bound and the data is read only for the last few candidates.
+    """
+    if arg_bound <= 0 or not math.isfinite(tol):
+        return 1
+    terms = 1
+    while terms < _SERIES_TERMS_GROUP and series_truncation_bound(arg_bound, terms, 1.0) > tol:
+        terms += 1
+    while terms < _SERIES_TERMS_GROUP and series_truncation_bound(arg_bound, terms, power_sum(terms + 1)) > tol:
+        terms += 1
+    return terms
 
 
 def exact_series_query_columns(qb: torch.Tensor, groups: int, q_max: torch.Tensor, terms: int) -> torch.Tensor:

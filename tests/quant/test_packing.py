@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jensenkv.quant import pack_codes, packed_nbytes, unpack_codes
+from jensenkv.quant import pack_codes, packed_nbytes, packing, unpack_codes
 
 UNIT = {2: (4, 1), 3: (8, 3), 4: (2, 1), 8: (1, 1)}  # bits -> (codes, bytes) per packing unit
 
@@ -95,3 +95,22 @@ def test_range_check_reads_the_device_at_most_once(host_reads, bits, dtype, limi
 def test_out_of_range_codes_are_rejected(codes):
     with pytest.raises(ValueError, match=r"codes must lie in \[0, 3\] for bits=2"):
         pack_codes(codes, 2)
+
+
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_unpack_bytes_gives_every_byte_value_its_codes_in_stream_order(bits, byteorder, monkeypatch):
+    """The table gather (little-endian hosts) and the shift-and-mask fallback both read code i of a byte
+    from bits [i*B, (i+1)*B), for all 256 byte values, keeping leading dims."""
+    monkeypatch.setattr(packing.sys, "byteorder", byteorder)
+    per = 8 // bits
+    byte = torch.arange(256, dtype=torch.uint8).view(2, 4, 32)  # (2, 4, 32): leading dims kept
+    expected = torch.stack([(byte.long() >> (i * bits)) & ((1 << bits) - 1) for i in range(per)], -1)
+    codes = packing.unpack_bytes(byte, bits)
+    assert codes.dtype == torch.uint8 and codes.shape == (2, 4, 32 * per)
+    assert torch.equal(codes.long(), expected.flatten(-2))
+
+
+def test_unpack_bytes_refuses_codes_that_straddle_bytes():
+    with pytest.raises(ValueError, match="bits=3.*2, 4 or 8"):
+        packing.unpack_bytes(torch.zeros(3, dtype=torch.uint8), 3)

@@ -18,6 +18,7 @@ per device and dtype, shared by all layers, grown to the widest window seen), ne
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Sequence
 
@@ -45,9 +46,10 @@ from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_key_columns,
     exact_series_query_columns,
+    exact_series_terms,
     group_bias,
     query_group_sq_norms,
-    series_terms,
+    series_tolerance,
 )
 from jensenkv.quant.rtn import RTNTensor
 
@@ -111,15 +113,46 @@ def cached_attention(
     if corrected and second_order:
         return second_order_attention(q, k_cur, v_cur, segments, correction, scale, strength)
     if corrected:
-        augmented = augmented_inputs(q, k_cur, v_cur, segments, correction, scale, strength)
+        split = _split_current(q, k_cur, v_cur)
+        current = (k_cur[:, :, :0], v_cur[:, :, :0]) if split else (k_cur, v_cur)  # (B, H, 0 or R, D/Dv)
+        augmented = augmented_inputs(q, *current, segments, correction, scale, strength)
         if augmented is not None:
             q_aug, k_aug, v_pad = augmented
-            return F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)[..., : v_cur.shape[-1]]
+            if split:
+                return _merge(_FLASH(q_aug, k_aug, v_pad, scale=scale), _FLASH(q, k_cur, v_cur, scale=scale), q.dtype)
+            out = F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)  # (B, H, Q, E)
+            # contiguous like every other path's output: a strided (B, H, Q, Dv) view sends the caller's
+            # head merge and output projection down slower paths (mm + add instead of addmm)
+            return out[..., : v_cur.shape[-1]].contiguous()
     keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
     if not corrected:
         return F.scaled_dot_product_attention(q, keys, values, scale=scale)
     mask = exact_bias_mask(q, k_cur, segments, scale, strength)  # (B, H, Q, K_total): large-|x| exact
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+
+
+# Only the cached keys need the bias columns. CPU SDPA pays ~7% (d = 128) to ~15% (d = 64) for them
+# however few (its gemm tiles the head dim), so when the current chunk holds at least this many scores
+# B*H*Q*R it gets its own call at the plain width, and the two parts merge by log-sum-exp (a few
+# (B, H, Q, Dv) ops, which would outweigh the saving on small calls).
+_SPLIT_MIN_SCORES = 1 << 20
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (out, logsumexp (B, H, Q) in float32/64)
+
+
+def _split_current(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor) -> bool:
+    """Whether the current chunk gets its own SDPA call (CPU flash kernel, equal head dims, enough scores)."""
+    return (q.device.type == "cpu" and v_cur.shape[-1] == q.shape[-1]
+            and q.shape[0] * q.shape[1] * q.shape[2] * k_cur.shape[2] >= _SPLIT_MIN_SCORES)
+
+
+def _merge(cached: tuple[torch.Tensor, torch.Tensor], current: tuple[torch.Tensor, torch.Tensor],
+           dtype: torch.dtype) -> torch.Tensor:
+    """Softmax attention over both key sets from each part's (output (B, H, Q, E), logsumexp (B, H, Q)):
+    each output weighted by its share exp(lse_part - lse_all) of the whole partition sum -> (B, H, Q, Dv)."""
+    (o_1, lse_1), (o_2, lse_2) = cached, current
+    lse = torch.logaddexp(lse_1, lse_2)  # (B, H, Q)
+    w_1, w_2 = (torch.exp(part - lse).unsqueeze(-1) for part in (lse_1, lse_2))  # (B, H, Q, 1)
+    return torch.addcmul(o_2 * w_2, o_1[..., : o_2.shape[-1]], w_1).to(dtype)
 
 
 def stacked_inputs(
@@ -166,7 +199,11 @@ def _bias_columns(
         bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
-        terms = series_terms(bound)
+        # terms: the fewest whose truncation error stays below the resolution of q's dtype (series_tolerance)
+        r_sq = (qb / q_max.clamp_min(torch.finfo(work).tiny)).square()  # (B, H, Q, D), each in [0, 1]
+        peak = float(torch.as_tensor(strength).abs().max())  # the bias scales by strength (a float or per head)
+        tol = series_tolerance(q.dtype) / peak if peak else math.inf
+        terms = exact_series_terms(bound, lambda m: float(r_sq.pow(m).sum(-1).amax()), tol)
         q_cols[kind] = -(weight / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)
 

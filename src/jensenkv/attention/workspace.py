@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from jensenkv.quant.rtn import RTNTensor
+from jensenkv.quant.packing import unpack_bytes
+from jensenkv.quant.rtn import RTNTensor, code_zero
 from jensenkv.quant.tensors import FullPrecisionTensor, QuantizedTensor
 
 _BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -52,8 +53,7 @@ def carve(flat: torch.Tensor, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
     return out
 
 
-_SHIFTS: dict[tuple[int, torch.device], torch.Tensor] = {}
-_PIECE = 2048  # tokens per scratch piece when dequantizing into a strided view
+_PIECE = 2048  # tokens unpacked at a time: the uint8 / int32 code temporaries stay O(B * H * _PIECE * D) bytes
 
 
 def batch_key(stored: QuantizedTensor) -> tuple | None:
@@ -73,8 +73,8 @@ def batch_key(stored: QuantizedTensor) -> tuple | None:
 
 def dequantize_many_into(stored: list[RTNTensor], out: torch.Tensor) -> None:
     """Dequantize consecutive chunks sharing one ``batch_key`` into ``out`` (B, H, sum S_i, D) in one pass:
-    their packed codes and statistics are concatenated (the size of the stored form), unpacked by
-    shift-and-mask and rebuilt with one addcmul, evaluated in float32 and rounded once into ``out``."""
+    their packed codes and statistics are concatenated (the size of the stored form), unpacked by one
+    byte-table gather (``packing.unpack_bytes``) and rebuilt in place (``_affine_into``)."""
     first = stored[0]
     b, h, _, d = first.shape
     bits, span = first.bits, first.layout.channel_span
@@ -84,28 +84,25 @@ def dequantize_many_into(stored: list[RTNTensor], out: torch.Tensor) -> None:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
     packed = cat([t.packed.view(b, h, t.shape[2], d // per) for t in stored])  # (B, H, N, D / per) uint8
-    step = cat([t.step for t in stored]).float()  # (B, H, N, G)
-    shift = cat([t.code_zero() for t in stored]) * -step  # (B, H, N, G): x = code * step + shift
-    mask = (1 << bits) - 1
-    if bits != 8:
-        key = (bits, packed.device)
-        if key not in _SHIFTS:
-            _SHIFTS[key] = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # (per,)
-    n_total = packed.shape[2]
-    # A broadcasting addcmul into a strided view (the workspace rows are wider than D) is several times
-    # slower than into contiguous memory: strided targets go through a scratch of at most _PIECE tokens.
-    scratch = not out.is_contiguous()
-    piece = _PIECE if scratch else max(n_total, 1)
-    for start in range(0, n_total, piece):
-        rows = slice(start, min(n_total, start + piece))
-        p = packed[:, :, rows]
-        codes = p if bits == 8 else (p.unsqueeze(-1) >> _SHIFTS[key]) & mask  # (B, H, n, D / per, per)
-        target = torch.empty((b, h, rows.stop - start, d), dtype=out.dtype, device=out.device) if scratch \
-            else out[:, :, rows]
-        torch.addcmul(shift[:, :, rows, :, None], codes.reshape(b, h, -1, d).unflatten(-1, (-1, span)),
-                      step[:, :, rows, :, None], out=target.unflatten(-1, (-1, span)))  # (B, H, n, G, g)
-        if scratch:
-            out[:, :, rows] = target
+    stored_step = cat([t.step for t in stored])  # (B, H, N, G) in the scale dtype
+    step = stored_step.float()
+    zero = None if first.zero is None else cat([t.zero for t in stored])  # one convention (the batch key)
+    shift = code_zero(zero, stored_step, bits, first.zero_point) * -step  # (B, H, N, G): x = code * step + shift
+    for start in range(0, packed.shape[2], _PIECE):  # pieces bound the code temporaries, whatever the window
+        rows = slice(start, start + _PIECE)
+        _affine_into(unpack_bytes(packed[:, :, rows], bits), step[:, :, rows], shift[:, :, rows], span, out[:, :, rows])
+
+
+def _affine_into(codes: torch.Tensor, step: torch.Tensor, shift: torch.Tensor, span: int, out: torch.Tensor) -> None:
+    """out = codes * step + shift per group of ``span`` channels: codes (B, H, N, D) uint8, step/shift (B, H, N, G).
+
+    The codes are first cast into ``out`` (exact small integers), then rebuilt in place by one addcmul
+    evaluated in float32 and rounded once: a uint8 operand in addcmul takes a slow casting loop (~3x), and
+    ``out`` (a workspace view, possibly with rows wider than D) is already allocated, so no float temporary.
+    """
+    out.copy_(codes)
+    o = out.unflatten(-1, (-1, span))  # (B, H, N, G, g)
+    torch.addcmul(shift[..., None], o, step[..., None], out=o)
 
 
 def dequantize_into(stored: QuantizedTensor, out: torch.Tensor) -> None:
@@ -126,7 +123,7 @@ def dequantize_into(stored: QuantizedTensor, out: torch.Tensor) -> None:
 
 def _rtn_into(stored: RTNTensor, out: torch.Tensor) -> None:
     """x = code * step - zero * step, broadcast over each group's elements, evaluated in float32 and rounded
-    once into ``out`` (no (B, H, S, D) float temporaries: only the unpacked uint8 codes)."""
+    once into ``out`` (no (B, H, S, D) float temporaries: only the unpacked uint8 codes, cast into ``out`` first)."""
     codes = stored.codes()  # (B, H, S, D) uint8
     step = stored.step.float()  # (b, h, S_groups, D_groups)
     shift = stored.code_zero() * -step  # every zero-point convention: x = code * step + shift
@@ -134,15 +131,13 @@ def _rtn_into(stored: RTNTensor, out: torch.Tensor) -> None:
     if layout.granularity == "channel":  # stats per (g tokens, channel): split the token axis
         span, tokens = layout.token_span, layout.shape[2]
         n = tokens // span
+        out.copy_(codes)  # cast first, rebuild in place (as ``_affine_into``)
         if n:
-            full = n * span
-            o = out[:, :, :full].unflatten(2, (n, span))  # (B, H, S_g, g, D)
-            c = codes[:, :, :full].unflatten(2, (n, span))
-            torch.addcmul(shift[:, :, :n, None], c, step[:, :, :n, None], out=o)
+            o = out[:, :, : n * span].unflatten(2, (n, span))  # (B, H, S_g, g, D)
+            torch.addcmul(shift[:, :, :n, None], o, step[:, :, :n, None], out=o)
         if n * span < tokens:  # the short last group
-            torch.addcmul(shift[:, :, -1:], codes[:, :, n * span :], step[:, :, -1:], out=out[:, :, n * span :])
+            o = out[:, :, n * span :]  # (B, H, S - n g, D)
+            torch.addcmul(shift[:, :, -1:], o, step[:, :, -1:], out=o)
         return
     # token / token_group: stats per token and channel group
-    span = layout.channel_span
-    o = out.unflatten(-1, (-1, span))  # (B, H, S, G, g)
-    torch.addcmul(shift[..., None], codes.unflatten(-1, (-1, span)), step[..., None], out=o)
+    _affine_into(codes, step, shift, layout.channel_span, out)

@@ -188,18 +188,24 @@ class RTNTensor(QuantizedTensor):
         per-group form (the offset is per element): they raise, and callers use ``dequantize()``."""
         if self.dither is not None:
             raise ValueError("a dithered tensor has no per-group zero: its offset is per element; use dequantize()")
-        if self.zero is None:  # symmetric: codes are stored shifted by 2^(B-1)
-            return torch.full_like(self.step, float(1 << (self.bits - 1)), dtype=torch.float32)
-        if self.zero_point == "min_aligned":  # x_hat = code * step + min
-            return -self.zero.float() / self.step.float()
-        if self.zero_point == "fixed_point":
-            return self.zero.float() / (1 << fixed_point_frac_bits(self.bits))
-        return self.zero.float() + zero_offset(self.zero.dtype, self.bits)
+        return code_zero(self.zero, self.step, self.bits, self.zero_point)
 
     def group_steps(self) -> GroupSteps:
         """The stored steps: every convention here (integer, min-aligned, fixed-point zero, symmetric, dithered)
         keeps |error| <= step / 2, and with dither the error is exactly U(-step/2, step/2)."""
         return GroupSteps(step=self.token_steps(), rotation=self.rotation)
+
+
+def code_zero(zero: torch.Tensor | None, step: torch.Tensor, bits: int, zero_point: str | None) -> torch.Tensor:
+    """``RTNTensor.code_zero`` on stored zeros and steps of one convention (e.g. several chunks' stats
+    concatenated): float32 zero in code units, shaped like ``step``."""
+    if zero is None:  # symmetric: codes are stored shifted by 2^(B-1)
+        return torch.full_like(step, float(1 << (bits - 1)), dtype=torch.float32)
+    if zero_point == "min_aligned":  # x_hat = code * step + min
+        return -zero.float() / step.float()
+    if zero_point == "fixed_point":
+        return zero.float() / (1 << fixed_point_frac_bits(bits))
+    return zero.float() + zero_offset(zero.dtype, bits)
 
 
 def zero_offset(zero_dtype: torch.dtype, bits: int) -> int:
