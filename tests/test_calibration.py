@@ -214,3 +214,16 @@ def test_models_hold_their_layers_strengths(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"2 layers x 2 heads, the model has 2 layers x 4 heads"):
         layer_strengths(attention, 2, heads=4)
     assert layer_strengths(AttentionConfig(strength=0.3), 3) == [0.3, 0.3, 0.3]  # no file: the float, every layer
+
+
+def test_the_digest_names_the_fit_not_when_it_was_written(tmp_path: Path, tiny_weights: Path) -> None:
+    """A rerun of the same fit (another created_at / git_commit) names the same runs; other strengths do not."""
+    from jensenkv.calibration import load_calibration
+
+    spec = spec_of(tmp_path, tiny_weights)
+    first = write_file(tmp_path / "a.json", spec, created_at="2026-01-01T00:00:00+00:00", git_commit="abc")
+    rerun = write_file(tmp_path / "b.json", spec, created_at="2026-12-01T00:00:00+00:00", git_commit="def")
+    other = write_file(tmp_path / "c.json", spec, strengths=[[0.3]] * 4, created_at="2026-01-01T00:00:00+00:00")
+    assert first.read_bytes() != rerun.read_bytes()
+    assert load_calibration(str(first)).digest == load_calibration(str(rerun)).digest
+    assert load_calibration(str(first)).digest != load_calibration(str(other)).digest

@@ -31,6 +31,7 @@ CALIBRATION_FORMAT = "jensenkv-calibration/1"
 KEY = "attention.calibration"
 LOCATION_FIELDS = ("device", "weights_dir", "cache_dir")  # model fields that say where, not what
 REQUIRED = ("format", "strengths", "num_samples", "std_error", "objective", "identity", "calibration")
+PROVENANCE_ONLY = ("created_at", "git_commit")  # when and from which commit: not part of the digest
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,11 @@ def _load(resolved: str, size: int, mtime_ns: int, given: str) -> Calibration:
         _fail(given, "the file is corrupt: calibration.prompts must be a list of strings")
     if not isinstance(content["identity"], dict):
         _fail(given, "the file is corrupt: identity must be a mapping")
-    return Calibration(path=given, digest=hashlib.sha256(raw).hexdigest()[:16],
+    # digest of what the file says, not of when or from which commit it was written: a rerun of the same fit
+    # (same strengths, prompts and identity) names the same runs, so Table 1 reproduces byte for byte
+    substance = {k: v for k, v in content.items() if k not in PROVENANCE_ONLY}
+    digest = hashlib.sha256(json.dumps(substance, sort_keys=True).encode()).hexdigest()[:16]
+    return Calibration(path=given, digest=digest,
                        strengths=tuple(tuple(float(s) for s in row) for row in strengths),
                        identity=content["identity"], prompts=tuple(prompts), content=content)
 
