@@ -347,7 +347,7 @@ def second_order_attention(
     segments: Sequence[SegmentLike],
     correction: str,
     scale: float,
-    strength: float,
+    strength: Strength,
     query_tile: int | None = None,
 ) -> torch.Tensor:
     """softmax(s_hat - b (1 - pi)) V, q (B, H, Q, D) -> (B, H, Q, Dv) in q's dtype; float32 work (float64 input:
