@@ -1,8 +1,10 @@
-"""`make bench`: memory, correction overhead and end-to-end benchmarks -> results/bench.csv and bench.md.
+"""`make bench`: memory, correction overhead and end-to-end benchmarks -> results/bench.csv and bench.md; on a
+machine with a CUDA GPU also the Triton kernel against SDPA flash -> results/bench_gpu.csv (jensenkv.bench.gpu).
 
     .venv/bin/python scripts/bench.py                            # everything
     .venv/bin/python scripts/bench.py --quick --out-dir /tmp/b   # smoke run with tiny sizes
     .venv/bin/python scripts/bench.py --only e2e_time_ratio      # a subset
+    .venv/bin/python scripts/bench.py --only gpu_kernel          # the GPU comparison alone
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from jensenkv.bench.suite import BENCHMARKS, Plan, quick_plan, run_suite
+from jensenkv.bench.suite import BENCHMARKS, GPU_BENCHMARK, Plan, quick_plan, run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1-2 repetitions: a smoke run")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "results", help="where bench.csv / bench.md go")
-    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS))
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS + (GPU_BENCHMARK,),
+                        default=list(BENCHMARKS + (GPU_BENCHMARK,)))
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: $OMP_NUM_THREADS, else the usable CPU cores)")
     args = parser.parse_args(argv)

@@ -39,6 +39,42 @@ def test_quick_run_writes_every_benchmark(quick_run):
     assert "## Targets" in md and "not measured" not in md
 
 
+def test_quick_run_without_a_gpu_says_bench_gpu_was_not_written(quick_run):
+    _, md = quick_run
+    assert "no CUDA GPU visible, so results/bench_gpu.csv" in md
+
+
+def test_gpu_bench_triton_plumbing_on_the_interpreter(monkeypatch, tmp_path):
+    """bench.gpu's code path at toy shapes on the CPU (TRITON_INTERPRET=1): every variant runs, every ratio
+    row is written with the device named; no value is checked against a speed."""
+    from jensenkv.bench.gpu import COLUMNS as GPU_COLUMNS, gpu_rows, toy_shapes, write_gpu_csv
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rows = gpu_rows(toy_shapes(), device="cpu", repeats=1, block=(16, 16), log=lambda _: None)
+    frame = pd.read_csv(write_gpu_csv(rows, tmp_path))
+    assert tuple(frame.columns) == GPU_COLUMNS
+    ratios = frame[frame.benchmark == "gpu_time_ratio"]
+    assert len(ratios) == 5 * len(toy_shapes())
+    assert {c.split(": ")[1] for c in ratios.config} == {
+        "triton none / sdpa bf16", "triton taylor / sdpa bf16", "triton exact / sdpa bf16",
+        "triton taylor / triton none", "triton exact / triton none"}
+    assert (frame.value > 0).all() and frame.value.notna().all()
+    assert frame.gpu.str.contains("TRITON_INTERPRET").all()
+    assert "gpu_peak_memory" not in set(frame.benchmark)  # no CUDA allocator to read on the CPU
+    assert any("magi-toy H4q/2kv" in c for c in frame.config)  # GQA shape named as such
+
+
+def test_gpu_bench_refuses_cuda_without_a_gpu():
+    import torch
+
+    from jensenkv.bench.gpu import gpu_rows, toy_shapes
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(RuntimeError, match="device='cuda' needs a CUDA GPU"):
+        gpu_rows(toy_shapes(), device="cuda")
+
+
 def test_quick_run_memory_rows_are_consistent(quick_run):
     frame, _ = quick_run
     held = frame[frame.benchmark == "held_memory_ratio"].set_index("config").value

@@ -196,14 +196,6 @@ def _exact_group_bias(qb: torch.Tensor, step: torch.Tensor, scale: float) -> tor
     return _exact_group_bias_tiled(qb, step, scale)
 
 
-def series_terms(arg_bound: float, tol: float = 1e-9) -> int:
-    """Fewest series terms whose truncation error ~ (arg_bound / pi)^(2N) stays below tol (at most 14)."""
-    ratio = (float(arg_bound) / math.pi) ** 2
-    if ratio <= 0:
-        return 1
-    return max(1, min(_SERIES_TERMS_GROUP, math.ceil(math.log(tol) / math.log(ratio))))
-
-
 def series_tolerance(dtype: torch.dtype) -> float:
     """Truncation tolerance of the exact bias's series, in score units, for attention run in ``dtype``.
 
@@ -241,6 +233,18 @@ def exact_series_terms(arg_bound: float, power_sum: Callable[[int], float], tol:
     while terms < _SERIES_TERMS_GROUP and series_truncation_bound(arg_bound, terms, power_sum(terms + 1)) > tol:
         terms += 1
     return terms
+
+
+def series_terms_for(qb: torch.Tensor, q_max: torch.Tensor, arg_bound: float, strength, dtype: torch.dtype) -> int:
+    """Series terms for the exact bias of queries qb (B, H, Q, D) in attention run in ``dtype``.
+
+    The one rule every backend uses: the fewest terms whose truncation error, scaled by the largest
+    |strength| (a float or a per-head tensor), stays below ``series_tolerance(dtype)``.
+    """
+    r_sq = (qb / q_max.clamp_min(torch.finfo(qb.dtype).tiny)).square()  # (B, H, Q, D), each in [0, 1]
+    peak = float(torch.as_tensor(strength).abs().max())
+    tol = series_tolerance(dtype) / peak if peak else math.inf
+    return exact_series_terms(arg_bound, lambda m: float(r_sq.pow(m).sum(-1).amax()), tol)
 
 
 def exact_series_query_columns(qb: torch.Tensor, groups: int, q_max: torch.Tensor, terms: int) -> torch.Tensor:

@@ -18,7 +18,6 @@ per device and dtype, shared by all layers, grown to the widest window seen), ne
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Sequence
 
@@ -46,10 +45,9 @@ from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_key_columns,
     exact_series_query_columns,
-    exact_series_terms,
     group_bias,
     query_group_sq_norms,
-    series_tolerance,
+    series_terms_for,
 )
 from jensenkv.quant.rtn import RTNTensor
 
@@ -199,11 +197,7 @@ def _bias_columns(
         bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
-        # terms: the fewest whose truncation error stays below the resolution of q's dtype (series_tolerance)
-        r_sq = (qb / q_max.clamp_min(torch.finfo(work).tiny)).square()  # (B, H, Q, D), each in [0, 1]
-        peak = float(torch.as_tensor(strength).abs().max())  # the bias scales by strength (a float or per head)
-        tol = series_tolerance(q.dtype) / peak if peak else math.inf
-        terms = exact_series_terms(bound, lambda m: float(r_sq.pow(m).sum(-1).amax()), tol)
+        terms = series_terms_for(qb, q_max, bound, strength, q.dtype)  # below the resolution of q's dtype
         q_cols[kind] = -(weight / scale) * exact_series_query_columns(qb, groups, q_max, terms)  # (B, H, Q, G*N)
         key_params[kind] = (q_max, terms)
 

@@ -48,7 +48,7 @@ from jensenkv.correction import (
     exact_series_query_columns,
     log_sinhc_series_coefficients,
     query_group_sq_norms,
-    series_terms,
+    series_terms_for,
 )
 from jensenkv.quant.rtn import RTNTensor
 from jensenkv.quant.tensors import FullPrecisionTensor
@@ -238,7 +238,7 @@ def _launch(q32, members, kf, vf, correction, scale, strength, heads_kv, block_m
             q_max = qr.abs().amax()
             bound = float(0.5 * scale * q_max * kp.step.float().abs().amax())
             if bound <= SERIES_MAX_ARG:
-                bias_mode, terms = BIAS_SERIES, series_terms(bound)
+                bias_mode, terms = BIAS_SERIES, series_terms_for(qr, q_max, bound, strength, q32.dtype)  # the kernel computes in fp32
                 u_scale = float(0.5 * scale * q_max)
                 columns = exact_series_query_columns(qr, kp.groups, q_max, terms)  # (B, Hq, Q, G * terms)
                 qb = strength_view(strength, qr) * columns

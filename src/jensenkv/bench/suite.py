@@ -27,6 +27,7 @@ from jensenkv.tracking import atomic_write
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
               "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio")
 COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats")
+GPU_BENCHMARK = "gpu_kernel"  # its own file, results/bench_gpu.csv, only where CUDA is visible (bench.gpu)
 INT2 = {"bits": 2, "group_size": 32}
 BYTES_PRESETS = (("bf16", {}), ("rtn", INT2), ("rtn", {"bits": 4, "group_size": 32}), ("kivi", INT2),
                  ("quarot", INT2), ("qvg", INT2))
@@ -331,17 +332,34 @@ def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float)
     atomic_write(out_dir / "bench.md", lambda f: f.write("\n".join(lines) + "\n"), mode="w")
 
 
-def run_suite(plan: Plan, out_dir: Path, only: tuple[str, ...] = BENCHMARKS) -> pd.DataFrame:
-    """Run the selected benchmarks, write bench.csv and bench.md into ``out_dir``, return the rows."""
+def gpu_kernel(plan: Plan, out_dir: Path) -> None:
+    """The Triton-vs-SDPA comparison (``bench.gpu``) into bench_gpu.csv where CUDA is visible; else a note."""
+    if not torch.cuda.is_available():
+        plan.notes.append(f"{GPU_BENCHMARK}: no CUDA GPU visible, so results/bench_gpu.csv (Triton INT2 kernel against "
+                          "SDPA flash on BF16 at the Wan-1.3B and MAGI-1-4.5B shapes) was not written")
+        return
+    from jensenkv.bench.gpu import gpu_rows, paper_shapes, toy_shapes, write_gpu_csv
+
+    _log(GPU_BENCHMARK)
+    shapes = toy_shapes() if plan.quick else paper_shapes()
+    path = write_gpu_csv(gpu_rows(shapes, "cuda", repeats=2 if plan.quick else 10, log=_log), out_dir)
+    plan.notes.append(f"{GPU_BENCHMARK}: {torch.cuda.get_device_name(0)}, rows in {path.name}")
+
+
+def run_suite(plan: Plan, out_dir: Path, only: tuple[str, ...] = BENCHMARKS + (GPU_BENCHMARK,)) -> pd.DataFrame:
+    """Run the selected benchmarks, write bench.csv and bench.md (and bench_gpu.csv on a GPU) into ``out_dir``,
+    return the bench.csv rows."""
     for name in only:
-        if name not in BENCHMARKS:
-            raise ValueError(f"only contains {name!r}: allowed are {BENCHMARKS}")
+        if name not in BENCHMARKS + (GPU_BENCHMARK,):
+            raise ValueError(f"only contains {name!r}: allowed are {BENCHMARKS + (GPU_BENCHMARK,)}")
     started = time.perf_counter()
     rows: list[dict] = []
     for name in BENCHMARKS:
         if name in only:
             _log(name)
             rows += RUNNERS[name](plan)
+    if GPU_BENCHMARK in only:
+        gpu_kernel(plan, out_dir)
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     seconds = time.perf_counter() - started
     write_report(frame, out_dir, plan, seconds)
