@@ -64,6 +64,13 @@ def test_gpu_bench_triton_plumbing_on_the_interpreter(monkeypatch, tmp_path):
     assert any("magi-toy H4q/2kv" in c for c in frame.config)  # GQA shape named as such
 
 
+def test_gpu_comparison_alone_leaves_bench_csv_untouched(tmp_path):
+    (tmp_path / "bench.csv").write_text("kept\n")
+    frame = run_suite(quick_plan(), tmp_path, only=("gpu_kernel",))
+    assert frame.empty and (tmp_path / "bench.csv").read_text() == "kept\n"
+    assert not (tmp_path / "bench.md").exists()
+
+
 def test_gpu_bench_refuses_cuda_without_a_gpu():
     import torch
 
