@@ -81,20 +81,17 @@ def _inputs(shape: GpuShape, device: str, quantized: bool, seed: int = 0):
         return torch.randn(*size, generator=gen, device=device, dtype=torch.bfloat16)
 
     q = randn(1, shape.heads_q, shape.queries, shape.dim)
-    k_cur, v_cur = randn(1, shape.heads_kv, shape.in_flight, shape.dim), randn(1, shape.heads_kv, shape.in_flight,
-                                                                                  shape.dim)
-    chunk = max(shape.queries, 1)
-    blocks = [(randn(1, shape.heads_kv, min(chunk, shape.cached - s), shape.dim),
-               randn(1, shape.heads_kv, min(chunk, shape.cached - s), shape.dim)) for s in range(0, shape.cached, chunk)]
+    k_cur, v_cur = (randn(1, shape.heads_kv, shape.in_flight, shape.dim) for _ in range(2))
     if not quantized:
-        k = torch.cat([b[0] for b in blocks] + [k_cur], dim=2)  # (1, Hkv, cached + in_flight, D)
-        v = torch.cat([b[1] for b in blocks] + [v_cur], dim=2)
+        k_cached, v_cached = (randn(1, shape.heads_kv, shape.cached, shape.dim) for _ in range(2))
+        k = torch.cat([k_cached, k_cur], dim=2)  # (1, Hkv, cached + in_flight, D)
+        v = torch.cat([v_cached, v_cur], dim=2)
         return q, k, v, []
     cache = ChunkedKVCache(preset("rtn", shape.dim, **INT2), shape.dim)
     with torch.inference_mode():
-        for k_b, v_b in blocks:
-            cache.commit(k_b, v_b)
-    del blocks
+        for start in range(0, shape.cached, shape.queries):  # one chunk at a time, as a run commits them
+            n = min(shape.queries, shape.cached - start)
+            cache.commit(randn(1, shape.heads_kv, n, shape.dim), randn(1, shape.heads_kv, n, shape.dim))
     return q, k_cur, v_cur, cache.segments()
 
 
@@ -138,12 +135,15 @@ def _synchronized(call: Callable[[], object], device: str) -> Callable[[], None]
 
 
 def _peak_mib(build: Callable[[], Callable[[], object]]) -> float:
-    """Peak allocated bytes (MiB) while one variant's inputs are held and it runs once, from an empty allocator."""
+    """Peak allocated bytes (MiB) while one variant's inputs are held and it runs once, over what was allocated
+    before they were made. The peak counter is reset after building, so the temporaries of making the inputs
+    (random chunks before they are quantized) do not count; the inputs held do."""
     gc.collect()
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     call = build()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()  # the peak restarts at what is allocated now: the held inputs
     with torch.inference_mode():
         call()
     torch.cuda.synchronize()
