@@ -48,7 +48,9 @@ OBJECTIVE = ("least squares per (layer, head): s = argmin_s sum (delta - s * <b>
              "both without bias; <b> = sum_i pi_hat_i b_i / sum_i pi_hat_i over cached keys, b the correction at "
              "strength 1, pi_hat the dequantized softmax")
 STD_ERROR = "cluster-robust (CR1) standard error of s, one cluster per calibration video; null with < 2 videos"
-COUNT, BIAS, SHIFT, BIAS_SQ, BIAS_SHIFT, SHIFT_SQ = range(len(HEAD_MOMENT_KEYS))
+# positions of the per-head sums in a probe's moment rows, looked up by key (the probe defines their order)
+COUNT, BIAS, SHIFT, BIAS_SQ, BIAS_SHIFT, SHIFT_SQ = (HEAD_MOMENT_KEYS.index(key) for key in (
+    "hm_count", "hm_bias", "hm_shift", "hm_bias_sq", "hm_bias_shift", "hm_shift_sq"))
 
 
 @dataclass
