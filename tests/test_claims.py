@@ -76,7 +76,7 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
               **(extra_labels or {})}
     identity = {"model": {"name": model, "kind": "synthetic"}, "weights": None, "generation": {"steps": 2},
                 "key": {"method": method, "label": quantizer, "bits": bits, "group_size": group,
-                        "rotation_seed": rotation_seed},
+                        "rotation": labels["rotation"], "rotation_seed": rotation_seed},
                 "value": {"method": method}, "sink_chunks": 0, "window_chunks": None, "correction": correction,
                 "strength": 1.0, "prompts": list(PROMPTS), "seeds": list(SEEDS), "metrics": ["attention", "psnr"]}
     videos = []
@@ -246,6 +246,20 @@ def test_new_options_appear_without_code_changes(tmp_path):
     calibrated = rtn.set_index("variant").loc["taylor calibration=calibrated", "dPSNR vs none, p"]
     assert float(calibrated.split()[0]) == pytest.approx(2.0)
     assert "rtn+dither INT2 g32" in set(rep.options["option"])
+
+
+def test_claim_3_averages_rotation_seeds_per_video(tmp_path):
+    """INT2 over two rotation seeds against INT4 run at one: one pair per (prompt, seed), none dropped."""
+    root = build_store(tmp_path / "results")
+    base = 30 + _noise("rot", 1.0)
+    for seed in (0, 1):
+        _write_run(root, f"rot-int2-{seed}", "quarot+rtn", 2, 128, "taylor", psnr=base - 1 - seed,
+                   rotation_seed=seed, effective_bits=2.19)
+    _write_run(root, "rot-int4", "quarot+rtn", 4, 128, "none", psnr=base, rotation_seed=0, effective_bits=4.38)
+    (rep,) = build_report(root)
+    entry = next(e for e in _claim(rep, "3 (PSNR)").entries if e.option.startswith("quarot+rtn INT2 g128"))
+    assert entry.numbers["n"] == str(len(PROMPTS) * len(SEEDS))
+    assert float(entry.numbers["dPSNR [95% CI], p"].split()[0]) == pytest.approx(-1.5)  # mean of -1 and -2
 
 
 # --- missing data ----------------------------------------------------------------------------------------

@@ -185,9 +185,9 @@ class Options:
     def across(self, row: str, variant: str, ref_row: str, ref_variant: str, metric: str) -> PairedDifference:
         """(row, variant) - (ref_row, ref_variant), each averaged over its members, paired by prompt and
         seed (one context: the two rows share prompts and seeds)."""
-        def by_video(r, v):
+        def by_video(r, v):  # one value per (prompt, seed): the mean over members and rotation seeds
             s = self.values(r, v, metric)
-            return s.groupby(level=list(VIDEO_KEYS)).mean() if len(s) else s
+            return s.groupby(level=["prompt", "seed"]).mean() if len(s) else s
 
         joined = pd.concat([by_video(row, variant).rename("t"), by_video(ref_row, ref_variant).rename("b")],
                            axis=1, join="inner")
