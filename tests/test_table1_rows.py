@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pandas as pd
 import pytest
 
 from jensenkv.quant import QuantConfig
@@ -85,9 +84,7 @@ def test_treated_videos_pair_by_prompt_seed_and_rotation_seed(store):
     assert quarot["delta_psnr"] == pytest.approx(1.0)
     assert quarot["delta_psnr_ci95_low"] == pytest.approx(1.0) and quarot["delta_psnr_ci95_high"] == pytest.approx(1.0)
     assert quarot["p_psnr"] < 0.05
-    # the pooled mean difference is not the paired one when pairs are broken: a check the test can fail on
-    none = table[(table["quantizer"] == "quarot+rtn") & (table["treatment"] == "none")].iloc[0]
-    assert quarot["psnr"] - none["psnr"] == pytest.approx(1.0)
+    # (a difference of means would be +1 whatever the pairing: the zero-width interval above is what pairs)
 
 
 def test_a_new_correction_or_strength_becomes_a_new_line_without_code_changes(store, tmp_path):
@@ -153,7 +150,6 @@ def test_runs_of_another_context_never_join_a_row(store):
     ResultsStore(store).write_record(record)
     t1 = build_table1(store)
     assert run_id2 not in ";".join(t1.table["run_id"]) and any(run_id2 in line for line in t1.selection.left_out)
-    assert isinstance(t1.table, pd.DataFrame)
 
 
 def test_treatment_labels_name_the_correction_strength_and_calibration():

@@ -73,23 +73,3 @@ def comparable(runs: pd.DataFrame, per: tuple[str, ...] = ("model",)) -> Selecti
     left_out = [f"{describe_run(row)}: other prompts, seeds, model settings or weights ({row['context_desc']})"
                 for _, row in runs[~runs["context"].isin(contexts)].sort_values("run_id").iterrows()]
     return Selection(chosen, contexts[0] if len(contexts) == 1 else None, "; ".join(descs), left_out)
-
-
-def pairs(runs: pd.DataFrame, row_keys: list[str] | tuple[str, ...], compared: tuple[str, str]) -> pd.DataFrame:
-    """Per ``row_keys`` group, the runs of one setting for each value in ``compared`` (e.g. ("none",
-    "taylor")): a setting with both values wins over one with only one, then the latest. Runs of one
-    setting differ only in the correction."""
-    if runs.empty:
-        return runs
-    runs = latest(runs, ("setting", "correction"))
-    runs = runs[runs["correction"].isin(compared) | (runs["quantizer"] == "bf16")]
-    chosen = []
-    for _, group in runs.groupby(list(row_keys), dropna=False, sort=False):
-        ranked = []
-        for setting, members in group.groupby("setting", dropna=False, sort=False):
-            newest = members.sort_values(list(RUN_ORDER), na_position="first").iloc[-1]
-            ranked.append(((members["correction"].nunique(), newest["num_prompts"], newest["created_at"],
-                            newest["run_id"]), setting))
-        best = max(ranked, key=lambda item: tuple("" if v is None else v for v in item[0]))[1]
-        chosen.append(group[group["setting"] == best])
-    return pd.concat(chosen) if chosen else runs.iloc[0:0]
