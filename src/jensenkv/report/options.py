@@ -30,7 +30,7 @@ from jensenkv.eval.stats import Interval, PairedDifference, mean_interval, paire
 from jensenkv.report.intervals import VIDEO_KEYS, video_metrics
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.report.table1 import QUANTIZER_ORDER
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.tracking import COMPARED, ResultsStore, load_results
 
 # Labels that say what is stored in the cache; every other label is a variant of attention-time handling.
 ROW_LABELS = ("model", "quantizer", "method", "bits", "group_size", "granularity", "rotation", "values",
@@ -38,7 +38,7 @@ ROW_LABELS = ("model", "quantizer", "method", "bits", "group_size", "granularity
 NAMED_IN_ROW = ("model", "quantizer", "method", "bits", "group_size", "rotation")  # always part of the name
 REASON_SOURCE = {"delta_p_s": "attention", "abs_delta_p_s": "attention"}  # the record's missing-reason key
 UNIT = ("member", *VIDEO_KEYS)  # one pooled video: the run's seed fields, prompt and seed
-IDENTITY_VARIANT = ("correction", "strength", "metrics")  # identity fields of attention-time handling
+IDENTITY_VARIANT = (*COMPARED, "metrics")  # identity fields of attention-time handling (tracking.COMPARED)
 
 
 def flatten(obj, prefix: str = "") -> dict:

@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 
 from jensenkv.quant.config import QuantConfig
+from jensenkv.report.intervals import BASELINE
 from jensenkv.tracking import COMPARED, ResultsStore, config_hash
 
-BASELINE = "none"
 DETAIL_COLUMNS = ("row_id", "rotation_seed", "treatment", "zero_point", "dither", "smoothing", "qvg_centroids",
                   "probe_steps")
 ZERO_NAMES = {"integer": "integer zero", "min_aligned": "min-aligned zero", "fixed_point": "fixed-point zero"}
