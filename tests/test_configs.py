@@ -80,8 +80,8 @@ def test_taylor2_is_taylor_with_the_second_order_term(weights):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["correction=none", "attention.second_order=true"], r"attention.second_order=True is not allowed: "
-                                                         r"with correction='none': .*\('taylor', 'exact'\)"),
+    (["correction=none", "attention.second_order=true"], r"attention.second_order=True is not allowed with "
+                                                         r"correction='none': .*\('taylor', 'exact'\)"),
     (["correction=taylor2", "attention.backend=flex"], r"attention.second_order=True is not allowed: "
                                                        r"with backend='flex': .*\('cached', 'reference'\)"),
     (["attention.second_order=maybe"], r"attention.second_order"),
@@ -96,7 +96,7 @@ def test_second_order_needs_a_bias_and_a_backend_that_has_it(weights, overrides,
 def test_attention_config_refuses_a_non_boolean_second_order():
     from jensenkv.config import AttentionConfig
 
-    with pytest.raises(ValueError, match=r"attention.second_order=1 is not allowed: must be true or false"):
+    with pytest.raises(ValueError, match=r"attention.second_order=1 is not allowed: it must be true or false"):
         AttentionConfig(correction="taylor", second_order=1)
     with pytest.raises(ValueError, match=r"attention.second_order=True is not allowed: with backend='triton'"):
         AttentionConfig(correction="exact", backend="triton", second_order=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from jensenkv.correction import BIAS_METHODS, CORRECTIONS
+from jensenkv.correction import CORRECTIONS
 from jensenkv.quant.config import FLOAT_DTYPES, QuantConfig
 
 SAMPLERS = ("euler", "x0_renoise")
@@ -419,13 +419,9 @@ class AttentionConfig:
         self.__post_init__()
 
     def _check_second_order(self) -> None:
-        from jensenkv.attention.second_order import SECOND_ORDER_BACKENDS, SECOND_ORDER_REFUSED
+        from jensenkv.attention.second_order import SECOND_ORDER_BACKENDS, SECOND_ORDER_REFUSED, check_second_order
 
-        if not isinstance(self.second_order, bool):
-            fail("attention.second_order", self.second_order, "must be true or false")
-        if self.second_order and self.correction not in BIAS_METHODS:
-            fail("attention.second_order", self.second_order,
-                 f"with correction={self.correction!r}: true needs correction in {BIAS_METHODS}")
+        check_second_order(self.second_order, self.correction)
         if self.second_order and self.backend in SECOND_ORDER_REFUSED:
             fail("attention.second_order", self.second_order,
                  f"with backend={self.backend!r}: true needs a backend in {SECOND_ORDER_BACKENDS}")
