@@ -1,8 +1,9 @@
 """Table 1's attention probes per layer: for each cell (row x treatment), the mean over its denoising probes of
 P_S, its shift and the error-model diagnostics (em_*), layer by layer, from the runs' attention.csv.
 
-Written next to Table 1 as ``table1_layers.csv`` (one row per cell and layer): what the claims report reads to
-say, per layer, why a correction helps or over-corrects. Pooled cells average over all their runs' probes.
+Written next to Table 1 as ``table1_layers.csv`` (one row per cell and layer), for notebooks and users; the
+claims report computes its per-layer readings, with intervals over videos, itself (``report.diagnostics``).
+Pooled cells average over all their runs' probes.
 """
 from __future__ import annotations
 
