@@ -18,8 +18,8 @@ Run on a machine with internet (``make fetch-weights``), then copy the caches if
     python scripts/fetch_weights.py --dry-run            # list what is present / would be fetched
 
 Which LPIPS network and VBench dimensions: the default eval config (configs/eval/default.yaml), unless
-given with --lpips-net / --vbench-dims. Which models: every configs/model/*.yaml with kind: diffusers,
-unless given with --models. The destinations come from the consuming code (jensenkv.eval.vbench,
+given with --lpips-net / --vbench-dims. Which models: every configs/model/*.yaml (each family says what its
+config needs: jensenkv.models.family.ModelFamily.downloads), unless given with --models. The destinations come from the consuming code (jensenkv.eval.vbench,
 jensenkv.eval.fidelity); ``python -m jensenkv.doctor`` checks them afterwards.
 """
 from __future__ import annotations
@@ -92,9 +92,6 @@ VBENCH_SOURCES: dict[str, Source] = {
 }
 # Sources of the files under $TORCH_HOME/hub/checkpoints (jensenkv.eval.vbench.TORCH_HUB_FILES).
 TORCH_HUB_SOURCES: dict[str, Source] = {"dino_vitbase16_pretrain.pth": Source((DINO_URL,))}
-# Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
-CHECKPOINT_SOURCES = {"self_forcing_dmd.pt": ("gdhe17/Self-Forcing", "checkpoints/self_forcing_dmd.pt")}
-MAGI_SPECIAL_TOKENS_URL = "https://raw.githubusercontent.com/SandAI-org/MAGI-1/main/example/assets/special_tokens.npz"
 
 
 @dataclass
@@ -178,56 +175,25 @@ def vbench_items(dimensions: list[str]) -> list[Item]:
 
 
 def model_items(names: list[str] | None) -> list[Item]:
-    """Hub snapshots (and original checkpoints) of the kind=diffusers model configs."""
-    from huggingface_hub import constants
+    """What each model config's family downloads (jensenkv.models.family.ModelFamily.downloads)."""
     from omegaconf import OmegaConf
 
-    items = []
+    from jensenkv.models.registry import family
+
     paths = sorted((CONFIG_DIR / "model").glob("*.yaml"))
     known = [p.stem for p in paths]
     for name in names or []:
         if name not in known:
             raise ValueError(f"--models contains {name!r}, which is not allowed: use {known}")
+    items = []
     for path in paths:
         if names and path.stem not in names:
             continue
         cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)["model"]
-        if cfg.get("kind") == "magi":
-            items += magi_items(path.stem, cfg)
-            continue
-        if cfg.get("kind") != "diffusers":
-            continue
-        if not Path(str(cfg["path"])).expanduser().is_dir():
-            cache = Path(cfg.get("cache_dir") or constants.HF_HUB_CACHE).expanduser()
-            items.append(Item(f"model {path.stem}", cache, str(cfg["path"]), "hf-snapshot"))
-        checkpoint = cfg.get("transformer_checkpoint")
-        if checkpoint:
-            file = Path(checkpoint).expanduser()
-            if file.name not in CHECKPOINT_SOURCES:
-                print(f"note: no known source for {file} (model {path.stem}); copy it there by hand", file=sys.stderr)
-                continue
-            repo, in_repo = CHECKPOINT_SOURCES[file.name]
-            items.append(Item(f"model {path.stem} checkpoint", file, f"{repo}::{in_repo}", "hf-file"))
-    return items
-
-
-def magi_items(name: str, cfg: dict) -> list[Item]:
-    """MAGI-1: the variant's DiT weights, T5 and VAE of sand-ai/MAGI-1, and the code repo's special tokens."""
-    from huggingface_hub import constants
-
-    from jensenkv.models.magi.build import PRESET_VARIANTS
-
-    if cfg.get("preset") not in PRESET_VARIANTS:  # the tiny preset needs no files
-        return []
-    items = []
-    if not Path(str(cfg["path"])).expanduser().is_dir():
-        variant = cfg.get("variant") or PRESET_VARIANTS[cfg["preset"]]
-        cache = Path(cfg.get("cache_dir") or constants.HF_HUB_CACHE).expanduser()
-        patterns = (f"ckpt/magi/{variant}/*", f"ckpt/magi/{variant}/*/*", "ckpt/t5/*", "ckpt/t5/*/*", "ckpt/vae/*")
-        items.append(Item(f"model {name}", cache, str(cfg["path"]), "hf-snapshot", patterns=patterns))
-    if cfg.get("special_tokens"):
-        items.append(Item(f"model {name} special tokens", Path(cfg["special_tokens_file"]).expanduser(),
-                          MAGI_SPECIAL_TOKENS_URL))
+        own = family(cfg.get("kind", "tiny"))
+        for d in own.downloads(path.stem, own.view(cfg)):
+            urls = (d.source,) if d.how == "file" else ()  # a plain file is fetched from its URL
+            items.append(Item(d.name, d.target, d.source, d.how, urls=urls, patterns=d.patterns or None))
     return items
 
 
@@ -293,7 +259,7 @@ def download_first(urls: tuple[str, ...], destination: Path, sha256: str | None)
 
 def missing_packages(dimensions: list[str]) -> list[str]:
     """pip requirements of the dimensions' scorer modules that do not import here."""
-    from jensenkv.doctor import import_error
+    from jensenkv.readiness import import_error
     from jensenkv.eval.vbench import DIMENSION_PACKAGES
 
     need = {pair for d in dimensions for pair in DIMENSION_PACKAGES.get(d, ())}

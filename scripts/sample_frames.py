@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from jensenkv.generate import generate_video  # noqa: E402
-from jensenkv.models.registry import build_adapter  # noqa: E402
+from jensenkv.models.adapters import build_adapter  # noqa: E402
 from jensenkv.run import preset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -62,7 +62,7 @@ def tiny_wan_adapter(tiny_wan_model):
     from diffusers import SkyReelsV2Transformer3DModel
 
     from jensenkv.generate import GenerationConfig
-    from jensenkv.models.registry import full_precision_cache
+    from jensenkv.models.adapters import full_precision_cache
     from jensenkv.models.wan import ChunkwiseAdapter
 
     def make(cls=SkyReelsV2Transformer3DModel, cache=None, attention=None, generation=None, seed: int = 0,

@@ -11,7 +11,8 @@ import torch
 
 from jensenkv.attention.diagnostics import HEAD_MOMENT_KEYS
 from jensenkv.calibrate import calibrate_overrides, fit_strengths, main
-from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity, layer_strengths
+from jensenkv.attention.config import layer_strengths
+from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
 from jensenkv.config import AttentionConfig
 from jensenkv.run import compose_config, run_overrides
 from jensenkv.run.spec import build_spec
@@ -207,8 +208,8 @@ def test_models_hold_their_layers_strengths(tmp_path: Path) -> None:
     attention = AttentionConfig(correction="taylor", strength=-2.0, calibration=str(path))
     quant = QuantConfig(bits=2, group_size=32)
     caches = MagiLayerCaches(2, 64, 1, CacheConfig(key=quant, value=quant), attention)
-    assert caches.strength(0, torch.device("cpu")).tolist() == [-1.0, 2.0]
-    assert caches.strength(1, torch.device("cpu")).tolist() == [-4.0, -0.0]
+    assert caches.strengths[0].tolist() == [-1.0, 2.0]
+    assert caches.strengths[1].tolist() == [-4.0, -0.0]
     with pytest.raises(ValueError, match=r"2 layers x 2 heads, the model has 3 layers"):
         MagiLayerCaches(3, 64, 1, CacheConfig(key=quant, value=quant), attention)
     with pytest.raises(ValueError, match=r"2 layers x 2 heads, the model has 2 layers x 4 heads"):

@@ -274,7 +274,7 @@ def test_rtn_label_names_one_quantizer_everywhere(weights):
 
 def test_bf16_means_one_cache_everywhere(weights):
     """The BF16 reference of a run, the registry's default cache and the bf16 preset store the same dtype."""
-    from jensenkv.models.registry import full_precision_cache
+    from jensenkv.models.adapters import full_precision_cache
 
     spec = _spec(weights, "quant=bf16")
     reference = spec.reference_cache_config()

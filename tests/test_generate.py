@@ -9,7 +9,7 @@ from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from jensenkv.cache import CacheConfig
 from jensenkv.generate import GenerationConfig, flow_sigmas, generate_video
 from jensenkv.models.loaders import cast_like_diffusers
-from jensenkv.models.registry import full_precision_cache
+from jensenkv.models.adapters import full_precision_cache
 from jensenkv.models.tiny.config import build_transformer, default_transformer_config
 from jensenkv.models.tiny.data import COLOURS, SHAPES
 from jensenkv.models.tiny.sampling import sample_block_causal

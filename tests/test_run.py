@@ -314,7 +314,10 @@ def test_module_exposes_the_hydra_entry_point():
 def test_weights_digest_changes_when_the_tiny_weights_change(tmp_path):
     """Retrained built-in weights must not reuse runs made with the old ones."""
     from jensenkv.config import ModelConfig
-    from jensenkv.run.spec import weights_digest
+    from jensenkv.models.registry import family
+
+    def weights_digest(model):
+        return family(model.kind).weights_digest(model)
 
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"old weights")

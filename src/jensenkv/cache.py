@@ -17,15 +17,17 @@ counted in `nbytes`. `bf16_nbytes` is what the same visible K and V would take i
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
-from jensenkv.config import check_cache_layout
+from jensenkv.checks import check_choice, check_int
 from jensenkv.correction import GroupSteps
 from jensenkv.quant import QuantConfig, QuantizedTensor, make_quantizer
+from jensenkv.quant.config import FLOAT_DTYPES
 from jensenkv.quant.tensors import FullPrecisionTensor
 
 BF16_BYTES = 2
@@ -37,6 +39,68 @@ def _as_quant_config(value: QuantConfig | Mapping[str, Any], key: str) -> QuantC
     if isinstance(value, Mapping):
         return QuantConfig.from_dict(value)
     raise ValueError(f"cache.{key}={value!r} is not allowed: must be a QuantConfig or a mapping of its fields")
+
+
+VALUES_MODES = ("same", "none")
+
+
+def check_cache_layout(sink_chunks: Any, window_chunks: Any) -> None:
+    """Sinks: an integer >= 0. Window: null (every non-sink chunk visible) or an integer >= 0 (0: sinks only)."""
+    check_int("cache.sink_chunks", sink_chunks, 0)
+    check_int("cache.window_chunks", window_chunks, 0, optional=True)
+
+
+@dataclass
+class CacheSettings:
+    """How a layer's cache stores the chunks (the quantizer itself is ``RunConfig.quant``).
+
+    values: "same" quantizes values like keys (KIVI "channel" keys: values per token, in groups of
+        group_size channels, as KIVI does); "none" keeps values full precision (isolates the key error).
+    full_precision_dtype: what everything unquantized is stored in: the BF16 reference cache, sink chunks,
+        values=none. "BF16" everywhere in the suite means this cache.
+    """
+
+    values: str = "same"
+    sink_chunks: int = 0               # first n chunks stay full precision and always visible
+    window_chunks: Optional[int] = None  # only the last n non-sink chunks are visible (null: all; 0: sinks only)
+    full_precision_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        check_choice("cache.values", self.values, VALUES_MODES)
+        check_cache_layout(self.sink_chunks, self.window_chunks)
+        check_choice("cache.full_precision_dtype", self.full_precision_dtype, tuple(FLOAT_DTYPES))
+
+    def full_precision(self) -> QuantConfig:
+        """The quantizer of everything kept unquantized: the BF16 reference's keys and values."""
+        return QuantConfig(method="none", store_dtype=self.full_precision_dtype)
+
+    def key_value(self, quant: QuantConfig, head_dim: int | None = None) -> tuple[QuantConfig, QuantConfig]:
+        """(key, value) QuantConfigs with the settings each method ignores reset (so equal runs hash equal)."""
+        if quant.method == "none":
+            full = self.full_precision()
+            return full, full
+        defaults = QuantConfig()
+        reset = {"store_dtype": self.full_precision_dtype}
+        if quant.method != "qvg":
+            reset.update({f.name: getattr(defaults, f.name) for f in dataclasses.fields(quant)
+                          if f.name.startswith("qvg_")})
+        if quant.rotation == "none":
+            reset["rotation_seed"] = defaults.rotation_seed
+        if quant.dither == "none":
+            reset["dither_seed"] = defaults.dither_seed
+        key = dataclasses.replace(quant, **reset)
+        key.validate(head_dim)
+        if self.values == "none":
+            return key, self.full_precision()
+        if key.granularity != "channel":
+            return key, key
+        value = dataclasses.replace(key, granularity="token_group")  # KIVI: per-token values
+        try:
+            value.validate(head_dim)
+        except ValueError as e:
+            raise ValueError(f"{e} (granularity=channel keys: values are quantized per token in groups of "
+                             "group_size channels, as KIVI does; or set cache.values=none)") from None
+        return key, value
 
 
 @dataclass(frozen=True)

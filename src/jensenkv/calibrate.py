@@ -130,7 +130,7 @@ def default_name(spec: Any) -> str:
 def calibration_spec(spec: Any) -> Any:
     """The run spec with what a calibration needs: every layer probed (at attention.probe_steps) with the
     per-head moments. Refuses what cannot be calibrated (ValueError naming the key)."""
-    from jensenkv.config import fail
+    from jensenkv.checks import fail
 
     if spec.is_reference:
         fail("quant", spec.key.label, "a full-precision cache has no quantization error to calibrate for")
@@ -145,12 +145,12 @@ def calibration_spec(spec: Any) -> Any:
 
 
 def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None) -> Path:
-    """Generate the calibration videos of ``spec`` (a RunConfig), fit the strengths and write the file."""
+    """Generate the calibration videos of ``spec`` (a resolved RunSpec), fit the strengths and write the file."""
     import torch
     from tqdm.auto import tqdm
 
     import jensenkv
-    from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity, model_layers_heads
+    from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
     from jensenkv.generate import generate_video
     from jensenkv.models import build_adapter
     from jensenkv.run.runner import check_finite, default_threads
@@ -159,10 +159,9 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
     spec = calibration_spec(spec)
     name = name or default_name(spec)
     path = Path(out) if out is not None else spec.results_dir / "calibration" / f"{name}.json"
-    shape = model_layers_heads(spec.model)
-    if shape is None:
+    if spec.geometry is None:
         raise ValueError(f"model {spec.model.name!r}: its layer and head counts cannot be read from its config files")
-    layers, heads = shape
+    layers, heads = spec.geometry.layers, spec.geometry.heads
     threads = spec.threads or default_threads(spec.model)
     if threads:
         torch.set_num_threads(threads)

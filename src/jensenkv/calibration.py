@@ -54,7 +54,7 @@ class Calibration:
         return len(self.strengths[0])
 
 
-def _fail(path: str, why: str) -> None:
+def fail_calibration(path: str, why: str) -> None:
     raise ValueError(f"{KEY}={path!r} is not allowed: {why}")
 
 
@@ -62,7 +62,7 @@ def load_calibration(path: str) -> Calibration:
     """Read and check a calibration file; ValueError naming attention.calibration, the path and what is wrong."""
     file = Path(str(path)).expanduser()
     if not file.is_file():
-        _fail(path, "the file does not exist (write one with `python -m jensenkv.calibrate`)")
+        fail_calibration(path, "the file does not exist (write one with `python -m jensenkv.calibrate`)")
     stat = file.stat()
     return _load(str(file.resolve()), stat.st_size, stat.st_mtime_ns, str(path))
 
@@ -73,26 +73,26 @@ def _load(resolved: str, size: int, mtime_ns: int, given: str) -> Calibration:
     try:
         content = json.loads(raw.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        _fail(given, f"the file is corrupt ({type(e).__name__}: {e})")
+        fail_calibration(given, f"the file is corrupt ({type(e).__name__}: {e})")
     if not isinstance(content, dict) or content.get("format") != CALIBRATION_FORMAT:
-        _fail(given, f"the file is not a calibration file (its format must be {CALIBRATION_FORMAT!r})")
+        fail_calibration(given, f"the file is not a calibration file (its format must be {CALIBRATION_FORMAT!r})")
     absent = [k for k in REQUIRED if k not in content]
     if absent:
-        _fail(given, f"the file is corrupt: it lacks {absent}")
+        fail_calibration(given, f"the file is corrupt: it lacks {absent}")
     strengths = content["strengths"]
     if not isinstance(strengths, list) or not strengths or not all(isinstance(row, list) and row for row in strengths):
-        _fail(given, "the file is corrupt: strengths must be a non-empty [layers][heads] list of lists")
+        fail_calibration(given, "the file is corrupt: strengths must be a non-empty [layers][heads] list of lists")
     heads = len(strengths[0])
     for layer, row in enumerate(strengths):
         if len(row) != heads:
-            _fail(given, f"the file is corrupt: layer {layer} has {len(row)} strengths, layer 0 has {heads}")
+            fail_calibration(given, f"the file is corrupt: layer {layer} has {len(row)} strengths, layer 0 has {heads}")
         if not all(isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) for s in row):
-            _fail(given, f"the file is corrupt: layer {layer}'s strengths {row} must all be finite numbers")
+            fail_calibration(given, f"the file is corrupt: layer {layer}'s strengths {row} must all be finite numbers")
     prompts = (content["calibration"] or {}).get("prompts") if isinstance(content["calibration"], dict) else None
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
-        _fail(given, "the file is corrupt: calibration.prompts must be a list of strings")
+        fail_calibration(given, "the file is corrupt: calibration.prompts must be a list of strings")
     if not isinstance(content["identity"], dict):
-        _fail(given, "the file is corrupt: identity must be a mapping")
+        fail_calibration(given, "the file is corrupt: identity must be a mapping")
     # digest of what the file says, not of when or from which commit it was written: a rerun of the same fit
     # (same strengths, prompts and identity) names the same runs, so Table 1 reproduces byte for byte
     substance = {k: v for k, v in content.items() if k not in PROVENANCE_ONLY}
@@ -108,41 +108,13 @@ def prompt_key(prompt: str) -> str:
 
 
 def calibration_identity(run: Any) -> dict:
-    """What calibrated strengths belong to (``run``: a jensenkv.config.RunConfig): the model (its config
-    without where it runs or where its files sit on this machine, plus its weights' digest), the key quantizer
-    (whose error the correction targets) and the correction. Values, cache layout and sampler are recorded in
-    the file but not required to match."""
-    from jensenkv.run.spec import weights_digest
-
+    """What calibrated strengths belong to (``run``: a resolved jensenkv.run.spec.RunSpec): the model (its
+    config without where it runs or where its files sit on this machine, plus its weights' digest), the key
+    quantizer (whose error the correction targets) and the correction. Values, cache layout and sampler are
+    recorded in the file but not required to match."""
     model = {k: v for k, v in run.model.to_dict().items() if k not in LOCATION_FIELDS}
-    return {"model": model, "weights": weights_digest(run.model), "key": dataclasses.asdict(run.key),
+    return {"model": model, "weights": run.weights_digest, "key": dataclasses.asdict(run.key),
             "correction": run.attention.correction}
-
-
-def model_layers_heads(model: Any) -> tuple[int, int] | None:
-    """(self-attention layers, query heads) of a model config, from config files only; None when unknown
-    (missing weights: ``check_weights`` reports them)."""
-    from jensenkv.run.spec import _diffusers_local_dir, tiny_weights_dir
-
-    try:
-        if model.kind == "tiny":
-            transformer = json.loads((tiny_weights_dir(model) / "config.json").read_text())["transformer"]
-        elif model.kind == "diffusers":
-            local = _diffusers_local_dir(model)
-            if local is None:
-                return None
-            sub = model.transformer_subfolder or "transformer"
-            transformer = json.loads((local / sub / "config.json").read_text())
-        elif model.kind == "magi":
-            from jensenkv.models.magi.config import model_preset
-
-            magi = model_preset(model.preset, **(model.model_overrides or {}))
-            return int(magi.num_layers), int(magi.num_heads)
-        else:
-            return None
-        return int(transformer["num_layers"]), int(transformer["num_attention_heads"])
-    except (OSError, KeyError, ValueError, TypeError):
-        return None
 
 
 def _differences(expected: dict, found: dict, prefix: str = "") -> list[str]:
@@ -157,40 +129,25 @@ def _differences(expected: dict, found: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def check_calibration(run: Any) -> Calibration:
+def check_calibration(run: Any, shape: tuple[int, int] | None) -> Calibration:
     """Load the run's calibration file and refuse it (ValueError naming attention.calibration, the path and
-    why) when it does not fit the run: layer/head counts, prompt overlap with the evaluation prompts, identity."""
+    why) when it does not fit the run (a resolved RunSpec): the model's (layers, heads) ``shape`` (None:
+    unknown), prompt overlap with the evaluation prompts, identity."""
     path = run.attention.calibration
     cal = load_calibration(path)
-    shape = model_layers_heads(run.model)
     if shape is not None and shape != (cal.layers, cal.heads):
-        _fail(path, f"it holds strengths for {cal.layers} layers x {cal.heads} heads, model {run.model.name!r} has "
-                    f"{shape[0]} layers x {shape[1]} heads")
+        fail_calibration(path, f"it holds strengths for {cal.layers} layers x {cal.heads} heads, model "
+                               f"{run.model.name!r} has {shape[0]} layers x {shape[1]} heads")
     overlap = sorted({prompt_key(p) for p in cal.prompts} & {prompt_key(p) for p in run.prompts})
     if overlap:
-        _fail(path, f"its calibration prompts overlap the run's evaluation prompts {overlap}: strengths must be "
-                    "fitted on prompts disjoint from the ones they are judged on (calibrate on eval=calibration)")
+        fail_calibration(path, f"its calibration prompts overlap the run's evaluation prompts {overlap}: strengths "
+                               "must be fitted on prompts disjoint from the ones they are judged on (calibrate on "
+                               "eval=calibration)")
     differ = _differences(calibration_identity(run), cal.identity)
     if differ:
-        _fail(path, "it was fitted for another model, quantizer or correction: " + "; ".join(differ[:4])
-              + (f"; and {len(differ) - 4} more" if len(differ) > 4 else ""))
+        fail_calibration(path, "it was fitted for another model, quantizer or correction: " + "; ".join(differ[:4])
+                         + (f"; and {len(differ) - 4} more" if len(differ) > 4 else ""))
     return cal
-
-
-def layer_strengths(attention: Any, num_layers: int, heads: int | None = None) -> list:
-    """Per-layer strength of ``attention`` (a jensenkv.config.AttentionConfig): the float ``strength`` for
-    every layer without a calibration file, else (H,) float32 CPU tensors strength * file[l]. ``heads``
-    (when known) is checked against the file's."""
-    import torch
-
-    if attention.calibration is None:
-        return [attention.strength] * num_layers
-    cal = load_calibration(attention.calibration)
-    if cal.layers != num_layers or (heads is not None and cal.heads != heads):
-        _fail(attention.calibration, f"it holds strengths for {cal.layers} layers x {cal.heads} heads, the model "
-                                     f"has {num_layers} layers x {heads if heads is not None else '?'} heads")
-    table = torch.tensor(cal.strengths, dtype=torch.float64) * float(attention.strength)  # (L, H)
-    return list(table.float().unbind(0))
 
 
 def strength_label(strength: float, calibration: str | None) -> float | str:

@@ -31,8 +31,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -559,6 +560,23 @@ def resolve_wandb_mode(configured: str) -> str:
     if mode not in WANDB_MODES:
         raise ValueError(f"logger.mode={mode!r} is not allowed: use one of {WANDB_MODES}")
     return mode
+
+
+@dataclass
+class LoggerConfig:
+    """The logger node of the config tree: W&B. WANDB_MODE in the environment wins over ``mode`` (tests set
+    WANDB_MODE=disabled)."""
+
+    mode: str = "offline"
+    project: str = "jensenkv"
+    entity: Optional[str] = None
+    dir: str = "${paths.results_dir}/wandb"
+    tags: list[str] = field(default_factory=list)
+    log_video: bool = True             # one sample video per run
+    log_plots: bool = True             # attention-mass plot per run
+
+    def __post_init__(self) -> None:
+        resolve_wandb_mode(self.mode)
 
 
 class WandbRun:

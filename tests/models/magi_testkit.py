@@ -7,7 +7,7 @@ import torch
 
 from jensenkv.cache import CacheConfig
 from jensenkv.config import GenerationConfig, MagiScheduleConfig
-from jensenkv.models.registry import build_adapter
+from jensenkv.models.adapters import build_adapter
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 

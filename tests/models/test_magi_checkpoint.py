@@ -70,7 +70,7 @@ def test_real_config_stops_on_each_missing_file_naming_it(tmp_path, monkeypatch)
     from omegaconf import OmegaConf
 
     from jensenkv.models.magi.config import model_preset
-    from jensenkv.models.registry import build_adapter
+    from jensenkv.models.adapters import build_adapter
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from jensenkv.config import GenerationConfig

@@ -24,7 +24,7 @@ LONG_GENERATION = GenerationConfig(num_chunks=8, frames_per_chunk=4, steps=1, gu
 
 def tiny_adapter(cache: CacheConfig, correction: str, quick: bool = False) -> tuple[ChunkwiseAdapter, GenerationConfig]:
     """The built-in model (the model=tiny preset) on the CPU; quick: 2 chunks of 2 steps."""
-    from jensenkv.models.registry import build_adapter
+    from jensenkv.models.adapters import build_adapter
     from jensenkv.run import preset
 
     spec = preset("model=tiny", "model.device=cpu")  # the model and sampler of Table 1's runs

@@ -16,7 +16,7 @@ the value and what is allowed, before any model is loaded.
 Heavy libraries (torchmetrics, diffusers, the model code) are imported inside the functions that use
 them, so that validation -- and its error for bad input -- takes seconds.
 
-Modules: ``spec`` (config -> validated RunSpec and its id), ``runner`` (references, generation, metrics,
+Modules: ``spec`` (config -> the tree, resolved against the model's files into a RunSpec and its id), ``runner`` (references, generation, metrics,
 record, W&B), ``cli`` (precheck of every swept value, the Hydra task, the compose-API entry).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jensenkv.run.cli import (
     task,
 )
 from jensenkv.run.runner import Runner, save_mp4
-from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, model_geometry
+from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, resolve
 
 __all__ = [
     "CONFIG_DIR",
@@ -45,9 +45,9 @@ __all__ = [
     "compose_config",
     "group_options",
     "main",
-    "model_geometry",
     "precheck",
     "preset",
+    "resolve",
     "run_overrides",
     "save_mp4",
     "sweep_variants",

@@ -12,15 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from jensenkv.run.runner import Runner
-from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, _fail, build_spec
-
-
-def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) -> Any:
-    """The composed config for ``overrides`` (Hydra's compose API: no output dir, no launcher)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+from jensenkv.checks import fail
+from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, build_spec, compose_config
 
 
 def preset(*overrides: str) -> Any:
@@ -56,7 +49,7 @@ def check_group_overrides(args: Sequence[str], config_dir: Path = CONFIG_DIR) ->
         allowed = group_options(group, config_dir)
         for value in values:
             if value not in allowed and not (group == "experiment" and value == "null"):
-                _fail(group, value, f"choose one of {allowed}")
+                fail(group, value, f"choose one of {allowed}")
 
 
 def _one_line(error: Exception) -> str:

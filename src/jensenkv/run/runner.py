@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jensenkv.config import ModelConfig
+from jensenkv.models.registry import family
 from jensenkv.run.spec import RunSpec
 
 log = logging.getLogger("jensenkv.run")
@@ -57,15 +57,15 @@ def parallel_jobs() -> int:
     return available_cores() if n_jobs < 0 else max(1, n_jobs)
 
 
-def default_threads(model: ModelConfig | None = None) -> int | None:
-    """torch threads when ``threads`` is null: None (leave torch alone) if OMP_NUM_THREADS is set; 1 for the
-    built-in model, whose ops are too small to split (README run on 2 shared cores: 128 s with torch's
-    default of 2 threads, 38 s with 1); else the cores shared out between parallel local jobs, at most
-    MAX_DEFAULT_THREADS (torch's default gives every job every core and oversubscribes)."""
+def default_threads(model: Any = None) -> int | None:
+    """torch threads when ``threads`` is null: None (leave torch alone) if OMP_NUM_THREADS is set; the family's
+    own count where it has one (the built-in model: 1, its ops are too small to split); else the cores shared
+    out between parallel local jobs, at most MAX_DEFAULT_THREADS (torch's default gives every job every core
+    and oversubscribes)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    if model is not None and model.kind == "tiny":
-        return 1
+    if model is not None and family(model.kind).threads is not None:
+        return family(model.kind).threads
     return max(1, min(MAX_DEFAULT_THREADS, available_cores() // parallel_jobs()))
 
 
@@ -165,7 +165,7 @@ class Runner:
         import torch
 
         from jensenkv.generate import generate_video
-        from jensenkv.config import AttentionConfig
+        from jensenkv.attention.config import AttentionConfig
         from jensenkv.tracking import atomic_write, config_hash
 
         ref_id = config_hash(self.spec.reference_identity(prompt, seed))
@@ -174,7 +174,8 @@ class Runner:
             with self.store.ref_lock(ref_id):  # a parallel job making the same reference: wait, then reuse it
                 self.store.clean_ref_tmp(ref_id)
                 if not path.exists():
-                    self.adapter.configure(cache=self.spec.reference_cache_config(), attention=AttentionConfig(backend=self.spec.attention.backend))
+                    self.adapter.configure(cache=self.spec.reference_cache_config(),
+                                           attention=AttentionConfig(backend=self.spec.attention.backend))
                     result = generate_video(self.adapter, prompt, seed)
                     check_finite(result.video, f"the BF16 reference of {prompt!r} seed {seed}")  # (F, C, H, W)
                     payload = {"video": _to_uint8(result.video), "timings": result.timings,
@@ -206,8 +207,9 @@ class Runner:
         """Prompt-content recovery (colour and direction); BF16 runs get it too: it needs no reference."""
         from jensenkv.eval.content import content_match
 
-        if self.spec.model.kind != "tiny":
-            missing["content"] = "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"
+        limit = family(self.spec.model.kind).metric_limits.get("content")
+        if limit is not None:
+            missing["content"] = limit
             return
         try:
             metrics.update(content_match(video.float() / 255, prompt))  # video: (F, C, H, W) uint8

@@ -1,135 +1,135 @@
-"""A run's specification: the composed Hydra config built into the typed tree (jensenkv.config.RunConfig).
+"""A run's specification: the composed Hydra config built into the typed tree (jensenkv.config.RunConfig),
+then resolved against this machine's files into a ``RunSpec``.
 
-Building is cheap on purpose (config files only, no weights, no model code): bad input fails in seconds
-with one ValueError naming the key, the value and what is allowed. ``RunSpec`` is the tree's root.
+Building the tree is pure: config values only. ``resolve`` is the one step that reads files: the model's
+geometry from its config files (the head-dim and chunk-size checks), the weights digest and the calibration
+file, the two digests a run id hashes. ``build_spec`` composes, builds and resolves, then checks that the
+weights (and, with eval.require_ready, every metric) are there: bad input fails in seconds, before any job
+starts, with one line naming the key, the value and what is allowed.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Optional
 
-from jensenkv.config import GenerationConfig, ModelConfig, RunConfig, register_configs
+from jensenkv.calibration import check_calibration, strength_label
+from jensenkv.checks import fail
+from jensenkv.config import RunConfig, register_configs
+from jensenkv.eval.readiness import require_ready
+from jensenkv.models.family import Geometry
+from jensenkv.models.registry import family
+from jensenkv.tracking import config_hash
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")
-RunSpec = RunConfig  # the validated, canonical description of one run
 
 register_configs()
 
 
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"{key}={value!r} is not allowed: {allowed}")
+@dataclass
+class RunSpec(RunConfig):
+    """A RunConfig resolved against this machine's files: what its run id hashes is then known. Resolve again
+    (``resolve``) after changing a field in place."""
+
+    geometry: Optional[Geometry] = None       # None: the model's config files are absent (check_weights names them)
+    weights_digest: Optional[str] = None      # the family's digest of the weights (None: the config names them)
+    calibration_digest: Optional[str] = None  # content digest of attention.calibration (None without one)
+
+    def identity(self) -> dict:
+        """What the run id hashes: everything that changes the run's videos or metrics."""
+        metrics = sorted(self.eval.metrics)
+        probes = self.attention.probes
+        return {
+            "model": self.model.to_dict(),
+            "weights": self.weights_digest,
+            "generation": dataclasses.asdict(self.generation),
+            "key": dataclasses.asdict(self.key),
+            "value": dataclasses.asdict(self.value),
+            "sink_chunks": self.cache.sink_chunks,
+            "window_chunks": self.cache.window_chunks,
+            "full_precision_dtype": self.cache.full_precision_dtype,
+            "backend": self.attention.backend,
+            "correction": self.attention.correction,
+            "strength": self.attention.strength,
+            "second_order": self.attention.second_order,
+            "calibration": self.calibration_digest,
+            "probe_layers": self.attention.probe_layers if probes else None,
+            "probe_steps": self.attention.probe_steps if probes else None,
+            "diagnostics": self.attention.diagnostics and probes,
+            "head_moments": self.attention.head_moments and probes,
+            "prompts": self.prompts,
+            "seeds": list(self.eval.seeds),
+            "metrics": metrics,
+            "lpips_net": self.eval.lpips.net if "lpips" in metrics else None,
+            "vbench_dimensions": sorted(self.eval.vbench.dimensions) if "vbench" in metrics else None,
+            "fps": self.eval.fps,
+        }
+
+    @property
+    def run_id(self) -> str:
+        return config_hash(self.identity())
+
+    def reference_identity(self, prompt: str, seed: int) -> dict:
+        """What a BF16 reference video depends on: model, generation, prompt, seed and the cache layout."""
+        return {"kind": "full-precision reference", "model": self.model.to_dict(),
+                "weights": self.weights_digest, "generation": dataclasses.asdict(self.generation),
+                "prompt": prompt, "seed": int(seed),
+                "sink_chunks": self.cache.sink_chunks, "window_chunks": self.cache.window_chunks,
+                "full_precision_dtype": self.cache.full_precision_dtype, "backend": self.attention.backend}
+
+    def labels(self) -> dict:
+        """Columns of the results table that describe the run."""
+        quantized = self.key.method != "none"
+        return {
+            "model": self.model.name,
+            "quantizer": self.key.label,
+            "method": self.key.method,
+            "bits": int(self.key.bits) if quantized else 16,
+            "group_size": int(self.key.group_size) if quantized else None,
+            "granularity": self.key.granularity if quantized else None,
+            "rotation": self.key.rotation if quantized else "none",
+            "values": self.values_mode,
+            "correction": self.attention.correction,
+            "strength": strength_label(self.attention.strength, self.attention.calibration),
+            "second_order": self.attention.second_order,
+            "calibration": self.calibration_digest,
+            "sink_chunks": self.cache.sink_chunks,
+            "window_chunks": self.cache.window_chunks,
+        }
 
 
-@functools.lru_cache(maxsize=8)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+def resolve(config: RunConfig) -> RunSpec:
+    """The tree resolved against the model's files: the checks that need its geometry (the head dim, the tokens
+    of a chunk), the weights digest and the calibration file (ValueError naming the key, the value and what
+    is allowed). Missing files are not an error here: ``check_weights`` names them."""
+    own = family(config.model.kind)
+    geometry = own.geometry(config.model, config.generation)
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(RunConfig)}
+    spec = RunSpec(**values, geometry=geometry, weights_digest=own.weights_digest(config.model))
+    if geometry is not None:
+        spec.cache.key_value(spec.quant, geometry.head_dim)  # group divisibility, power-of-two Hadamard
+        tokens, key = geometry.tokens_per_chunk, spec.key
+        if key.method == "qvg" and key.qvg_centroids > tokens:
+            fail("quant.qvg_centroids", key.qvg_centroids,
+                 f"must be <= the {tokens} tokens of one chunk of model {spec.model.name!r}")
+        if key.granularity == "channel" and key.method != "none" and key.group_size > tokens:
+            fail("quant.group_size", key.group_size,
+                 f"with granularity=channel it counts tokens and must be <= the {tokens} tokens of a chunk")
+    if spec.attention.calibration is not None:  # refused here, before any model is loaded
+        shape = (geometry.layers, geometry.heads) if geometry is not None else None
+        spec.calibration_digest = check_calibration(spec, shape).digest
+    return spec
 
 
-def tiny_weights_dir(model: ModelConfig) -> Path:
-    """The built-in model's weights folder: model.weights_dir, or the packaged one (found without importing
-    the model code, which pulls diffusers)."""
-    if model.weights_dir:
-        return Path(model.weights_dir).expanduser()
-    import importlib.util
+def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) -> Any:
+    """The composed config for ``overrides`` (Hydra's compose API: no output dir, no launcher)."""
+    from hydra import compose, initialize_config_dir
 
-    spec = importlib.util.find_spec("jensenkv.models.tiny")
-    return Path(next(iter(spec.submodule_search_locations))) / "weights"
-
-
-def weights_digest(model: ModelConfig) -> str | None:
-    """Digest of the built-in model's weights file, so retrained weights never reuse old runs.
-
-    Real checkpoints (GBs) are identified by their path / hub id in the model config instead.
-    """
-    if model.kind != "tiny":
-        return None
-    path = tiny_weights_dir(model) / "model.safetensors"
-    if not path.is_file():
-        return None  # check_weights reports the missing file, naming it
-    stat = path.stat()
-    return _file_digest(str(path), stat.st_size, stat.st_mtime_ns)
-
-
-def check_weights(model: ModelConfig) -> None:
-    """Raise FileNotFoundError naming the missing file and where it is looked for (no model code loaded)."""
-    if model.kind == "tiny":
-        folder = tiny_weights_dir(model)
-        for name in ("model.safetensors", "config.json"):
-            if not (folder / name).is_file():
-                raise FileNotFoundError(f"model.weights_dir={str(folder)!r}: {name} is missing there "
-                                        "(`make train-tiny` writes the built-in model's weights; null uses the packaged ones)")
-    elif model.kind == "diffusers":
-        folder = _diffusers_local_dir(model)
-        if folder is None:
-            raise FileNotFoundError(f"model.path={model.path!r} is neither a local folder nor in the Hugging Face "
-                                    f"cache ({model.cache_dir or 'HF_HUB_CACHE'}); run `make fetch-weights` on a "
-                                    "machine with internet, or point model.path at a local copy")
-        sub = folder / (model.transformer_subfolder or "transformer") / "config.json"
-        if not sub.is_file():
-            raise FileNotFoundError(f"model.path={model.path!r}: {sub} is missing")
-        if model.transformer_checkpoint and not Path(model.transformer_checkpoint).is_file():
-            raise FileNotFoundError(f"model.transformer_checkpoint={model.transformer_checkpoint!r} does not exist "
-                                    "(`make fetch-weights` downloads it)")
-    elif model.kind == "magi" and model.preset != "tiny":  # the tiny preset is random-initialised: no files
-        if _diffusers_local_dir(model) is None:
-            raise FileNotFoundError(f"model.path={model.path!r} is neither a local folder nor in the Hugging Face "
-                                    f"cache ({model.cache_dir or 'HF_HUB_CACHE'}); run `make fetch-weights` on a "
-                                    "machine with internet (docs/MAGI1.md lists the files)")
-        if model.special_tokens and not Path(str(model.special_tokens_file)).expanduser().is_file():
-            raise FileNotFoundError(f"model.special_tokens_file={model.special_tokens_file!r} does not exist "
-                                    "(`make fetch-weights` downloads special_tokens.npz)")
-
-
-def _diffusers_local_dir(model: ModelConfig) -> Path | None:
-    """A diffusers model folder: a local directory, or a Hub id already in the HF cache (never downloads)."""
-    local = Path(str(model.path)).expanduser()
-    if local.is_dir():
-        return local
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id=str(model.path), cache_dir=model.cache_dir, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached (or not a repo id): the caller names what is missing
-        return None
-
-
-def model_geometry(model: ModelConfig, generation: GenerationConfig) -> tuple[int | None, int | None]:
-    """(head_dim, tokens per chunk) read from config files only (no weights, no model code);
-    (None, None) when unknown (check_weights / the loader then report the missing file, with the fix)."""
-    try:
-        if model.kind == "tiny":
-            stored = json.loads((tiny_weights_dir(model) / "config.json").read_text())
-            transformer = stored["transformer"]
-            height, width, scale = stored["data"]["height"], stored["data"]["width"], 1  # pixel space
-        elif model.kind == "diffusers":
-            local = _diffusers_local_dir(model)
-            if local is None:
-                return None, None
-            sub = model.transformer_subfolder or "transformer"
-            transformer = json.loads((local / sub / "config.json").read_text())
-            height, width, scale = model.height, model.width, 8
-        elif model.kind == "magi":
-            from jensenkv.models.magi.config import model_preset
-
-            magi = model_preset(model.preset, **(model.model_overrides or {}))
-            patch = magi.patch_size
-            if model.latent_height:  # tiny preset: latent size given directly
-                height, width = model.latent_height, model.latent_width or model.latent_height
-            else:
-                height, width = model.height // 8, model.width // 8  # the ViT VAE: 8x spatial
-            return magi.head_dim, generation.frames_per_chunk * (height // patch) * (width // patch)
-        else:
-            return None, None
-        head_dim = int(transformer["attention_head_dim"])
-        _, p_h, p_w = transformer["patch_size"]
-    except (OSError, KeyError, ValueError, TypeError):  # unreadable or absent: check_weights reports it
-        return None, None
-    tokens = generation.frames_per_chunk * (int(height) // scale // p_h) * (int(width) // scale // p_w)
-    return head_dim, tokens
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 def field_error_line(error: Exception) -> str:
@@ -141,8 +141,8 @@ def field_error_line(error: Exception) -> str:
 
 
 def build_spec(cfg: Any) -> RunSpec:
-    """The composed Hydra config as the typed tree; raises ValueError naming the bad key, FileNotFoundError
-    naming a missing weights file."""
+    """The composed Hydra config as the typed tree, resolved; raises ValueError naming the bad key,
+    FileNotFoundError naming a missing weights file."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -167,10 +167,9 @@ def build_spec(cfg: Any) -> RunSpec:
             if cause is not None:
                 raise cause from None
             raise ValueError(field_error_line(e)) from None
-    check_weights(spec.model)
+    spec = resolve(spec)
+    family(spec.model.kind).check_weights(spec.model)
     if spec.eval.require_ready:  # every requested metric must be computable before any video is made
-        from jensenkv.doctor import require_ready
-
         require_ready(spec.eval.metrics, spec.eval.vbench.dimensions if "vbench" in spec.eval.metrics else (),
                       spec.eval.lpips.net)
     return spec

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generate import GenerationConfig, check_kv_range
+from jensenkv.generation import GenerationConfig, check_kv_range
 from jensenkv.models.magi.attention import MagiLayerCaches, WindowAttention, WindowChunk
 from jensenkv.models.magi.config import MagiSampling, magi_noise_levels
 from jensenkv.models.magi.model import MagiDiT, range_attention
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.models.wan.state import AttentionSettings
 
 # encode_prompt(prompt, num_chunks) -> one (L_j, caption_channels) tensor of valid caption tokens per chunk
 PromptEncoder = Callable[[str, int], list[torch.Tensor]]
@@ -65,7 +65,8 @@ class MagiChunkwiseAdapter:
         self.decode_fn = decode
         cfg = model.config
         self.layers = MagiLayerCaches(cfg.num_layers, cfg.head_dim, cfg.groups, cache,
-                                      attention if attention is not None else AttentionSettings())
+                                      attention if attention is not None else AttentionSettings(),
+                                      heads=cfg.num_heads, device=model.x_embedder.weight.device)
         self._captions: list[torch.Tensor] | None = None
         self._prompt: str | None = None
         self._pending: _Pending | None = None

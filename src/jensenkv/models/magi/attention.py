@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
-from jensenkv.calibration import layer_strengths
+from jensenkv.attention.config import layer_strengths
 from jensenkv.correction import GroupSteps
 from jensenkv.attention.backends import get_backend
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
@@ -47,10 +47,12 @@ class MagiLayerCaches:
     """The per-layer caches of one video and the settings that read them (MAGI's passes share one cache)."""
 
     def __init__(self, num_layers: int, head_dim: int, groups: int, cache_config: CacheConfig,
-                 attention: AttentionSettings):
+                 attention: AttentionSettings, heads: int | None = None, device: torch.device | str = "cpu"):
         self.num_layers = num_layers
         self.head_dim = head_dim
         self.groups = groups
+        self.heads = heads
+        self.device = device  # where the per-head strengths live: the model's
         self.configure(cache_config, attention)
 
     def configure(self, cache_config: CacheConfig, attention: AttentionSettings) -> None:
@@ -61,15 +63,9 @@ class MagiLayerCaches:
             cache_config = replace(cache_config, keep_reference=True)  # probes compare with the full-precision cache
         self.cache_config = cache_config
         self.attention = attention
-        self.strengths = layer_strengths(attention, self.num_layers)  # per layer: float or (H,) per-head tensor
+        # per layer: the global float, or its (H,) calibrated strengths on the model's device
+        self.strengths = layer_strengths(attention, self.num_layers, self.heads, self.device)
         self.reset()
-
-    def strength(self, layer: int, device: torch.device) -> float | torch.Tensor:
-        """Layer's strength: the global float, or its (H,) calibrated strengths moved to the device once."""
-        value = self.strengths[layer]
-        if isinstance(value, torch.Tensor) and value.device != device:
-            value = self.strengths[layer] = value.to(device)
-        return value
 
     def reset(self) -> None:
         self.caches = [ChunkedKVCache(self.cache_config, self.head_dim) for _ in range(self.num_layers)]
@@ -117,7 +113,7 @@ class WindowAttention:
             q_c = q[:, :, rows]  # (1, H, T, D)
             k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (1, H, (in_flight+1)*T, D)
             v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
-            strength = caches.strength(layer, q.device)
+            strength = caches.strengths[layer]
             outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=strength,
                            second_order=settings.second_order))
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):

@@ -13,18 +13,16 @@ from typing import Any
 import torch
 
 from jensenkv.cache import CacheConfig
-from jensenkv.config import GenerationConfig, ModelConfig
+from jensenkv.generation import GenerationConfig
 from jensenkv.models.magi.adapter import MagiChunkwiseAdapter
-from jensenkv.models.magi.config import MagiModelConfig, MagiSampling, model_preset
+from jensenkv.models.magi.config import PRESET_VARIANTS, SPATIAL_DOWNSAMPLE, MagiModelConfig, MagiSampling, model_preset
 from jensenkv.models.magi.model import MagiDiT
 from jensenkv.models.magi.text import TinyPromptEncoder
 from jensenkv.models.magi.vae import MagiVaeDecoder, Tiling, ViTDecoder, ViTDecoderConfig
 from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.models.wan.state import AttentionSettings
 from jensenkv.quant.config import FLOAT_DTYPES
 
-PRESET_VARIANTS = {"4.5B": "4.5B_base", "4.5B_distill": "4.5B_distill", "24B": "24B_base", "24B_distill": "24B_distill"}
-SPATIAL_DOWNSAMPLE = 8
 TINY_DECODER = ViTDecoderConfig(video_size=16, video_length=2, patch_size=2, patch_length=1, z_chans=4, embed_dim=32,
                                 depth=1, num_heads=2, mlp_ratio=2.0)
 
@@ -84,7 +82,7 @@ def load_vae_decoder(folder: Path, dtype: torch.dtype, device: torch.device, lat
     return MagiVaeDecoder(decoder.to(device, dtype), latent_scale, tiling, chunk_frames)
 
 
-def load_magi_adapter(cfg: ModelConfig, cache: CacheConfig, attention: AttentionSettings,
+def load_magi_adapter(cfg: Any, cache: CacheConfig, attention: AttentionSettings,
                       generation: GenerationConfig) -> MagiChunkwiseAdapter:
     """The MAGI-1 adapter of a ``kind: magi`` model node; the schedule is ``generation`` (its ``magi`` node:
     refresh pass, guidance, time schedule). See configs/model/magi1_*.yaml."""
@@ -103,7 +101,7 @@ def load_magi_adapter(cfg: ModelConfig, cache: CacheConfig, attention: Attention
     return _load_real(preset, cfg, overrides, device, dtype, generation, sampling, cache, attention)
 
 
-def _load_real(preset: str, cfg: ModelConfig, overrides: dict, device: torch.device, dtype: torch.dtype,
+def _load_real(preset: str, cfg: Any, overrides: dict, device: torch.device, dtype: torch.dtype,
                generation: GenerationConfig, sampling: MagiSampling, cache: CacheConfig,
                attention: AttentionSettings) -> MagiChunkwiseAdapter:
     from transformers import AutoTokenizer, T5EncoderModel

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from jensenkv.generation import T_SCHEDULES, MagiScheduleConfig
+
 FFN_KINDS = ("gelu", "swiglu")
 
 
@@ -121,6 +123,11 @@ PRESETS: dict[str, MagiModelConfig] = {
 }
 
 
+SPATIAL_DOWNSAMPLE = 8  # the ViT VAE: 8x spatial
+# The official checkpoint folder (ckpt/magi/<variant>) of each real preset.
+PRESET_VARIANTS = {"4.5B": "4.5B_base", "4.5B_distill": "4.5B_distill", "24B": "24B_base", "24B_distill": "24B_distill"}
+
+
 def model_preset(name: str, **overrides: Any) -> MagiModelConfig:
     if name not in PRESETS:
         raise ValueError(f"magi preset={name!r} is not allowed: use one of {tuple(PRESETS)}")
@@ -129,7 +136,6 @@ def model_preset(name: str, **overrides: Any) -> MagiModelConfig:
     return cfg
 
 
-from jensenkv.config import T_SCHEDULES, MagiScheduleConfig  # noqa: E402 - the config tree defines it
 
 MagiSampling = MagiScheduleConfig  # the MAGI schedule node of GenerationConfig (generation.magi)
 

@@ -7,13 +7,9 @@ g = 32 / 64 / 128 all apply. ``num_frame_per_block = 2`` makes the stock model b
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from diffusers import SkyReelsV2Transformer3DModel
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
+from jensenkv.models.tiny.paths import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE  # noqa: F401 - re-exported
 TEXT_PREFIX = "text_encoder."         # key prefix of the text encoder inside model.safetensors
 TRANSFORMER_PREFIX = "transformer."
 

@@ -7,51 +7,29 @@ Nothing in diffusers is changed. Three pieces, one module each:
 * ``rope.RopeFrameOffsetHook``: shifts the temporal RoPE positions by the chunk's first latent frame.
 * ``adapter.ChunkwiseAdapter``: the model-facing API of the generator (``denoise``, ``commit``, ``decode``, ...).
 
-``state`` holds what they share. The checkpoint loaders live in ``jensenkv.models.loaders`` and are
-re-exported here so that older imports keep working.
+``state`` holds what they share, ``family.WanFamily`` what the rest of the suite asks about these models and
+``build`` loads them. The checkpoint loaders live in ``jensenkv.models.loaders``. Names are re-exported lazily,
+so reading the family does not import diffusers.
 """
 from __future__ import annotations
 
-from jensenkv.models.loaders import (
-    MissingWeightsError,
-    T5PromptEncoder,
-    WanVaeDecoder,
-    cast_like_diffusers,
-    load_original_wan_checkpoint,
-    load_wan_transformer,
-    require_subfolder,
-    resolve_local_dir,
-)
-from jensenkv.models.wan.adapter import ChunkwiseAdapter, pixel_decode
-from jensenkv.models.wan.processor import (
-    CachedSelfAttnProcessor,
-    apply_rotary,
-    block_causal_mask,
-    limit_kv_range,
-    window_context,
-)
-from jensenkv.models.wan.rope import ROPE_HOOK_NAME, RopeFrameOffsetHook
-from jensenkv.models.wan.state import AttentionSettings, ChunkState, InFlightChunk
+import importlib
+from typing import Any
 
-__all__ = [
-    "ROPE_HOOK_NAME",
-    "AttentionSettings",
-    "CachedSelfAttnProcessor",
-    "ChunkState",
-    "ChunkwiseAdapter",
-    "InFlightChunk",
-    "MissingWeightsError",
-    "RopeFrameOffsetHook",
-    "T5PromptEncoder",
-    "WanVaeDecoder",
-    "apply_rotary",
-    "block_causal_mask",
-    "cast_like_diffusers",
-    "limit_kv_range",
-    "load_original_wan_checkpoint",
-    "load_wan_transformer",
-    "pixel_decode",
-    "require_subfolder",
-    "resolve_local_dir",
-    "window_context",
-]
+_EXPORTS = {
+    **dict.fromkeys(("MissingWeightsError", "T5PromptEncoder", "WanVaeDecoder", "cast_like_diffusers",
+                     "load_original_wan_checkpoint", "load_wan_transformer", "require_subfolder", "resolve_local_dir"),
+                    "jensenkv.models.loaders"),
+    **dict.fromkeys(("ChunkwiseAdapter", "pixel_decode"), "jensenkv.models.wan.adapter"),
+    **dict.fromkeys(("CachedSelfAttnProcessor", "apply_rotary", "block_causal_mask", "limit_kv_range",
+                     "window_context"), "jensenkv.models.wan.processor"),
+    **dict.fromkeys(("ROPE_HOOK_NAME", "RopeFrameOffsetHook"), "jensenkv.models.wan.rope"),
+    **dict.fromkeys(("AttentionSettings", "ChunkState", "InFlightChunk"), "jensenkv.models.wan.state"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'jensenkv.models.wan' has no attribute {name!r}")

@@ -9,7 +9,7 @@ from diffusers import SkyReelsV2Transformer3DModel
 from diffusers.hooks import HookRegistry
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.calibration import layer_strengths
+from jensenkv.attention.config import layer_strengths
 from jensenkv.generate import GenerationConfig, check_kv_range
 from jensenkv.models.loaders import TRANSFORMER_CLASSES
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
@@ -73,15 +73,16 @@ class ChunkwiseAdapter:
         attention = attention if attention is not None else AttentionSettings()
         self.processors: list[CachedSelfAttnProcessor] = []
         procs = {}
+        strengths = self._strengths(attention)
         for name, proc in transformer.attn_processors.items():
             if ".attn1." in name:
                 layer = int(name.split(".")[1])  # "blocks.{i}.attn1.processor"
-                procs[name] = CachedSelfAttnProcessor(layer, self.state, cache, self.head_dim, attention)
+                procs[name] = CachedSelfAttnProcessor(layer, self.state, cache, self.head_dim, attention,
+                                                      strengths[layer])
                 self.processors.append(procs[name])
             else:
                 procs[name] = proc
         transformer.set_attn_processor(procs)
-        self._set_strengths(attention)
         registry = HookRegistry.check_if_exists_or_initialize(transformer.rope)
         if registry.get_hook(ROPE_HOOK_NAME) is not None:  # an earlier adapter on this model: rebind to our state
             registry.remove_hook(ROPE_HOOK_NAME)
@@ -116,18 +117,17 @@ class ChunkwiseAdapter:
 
     def configure(self, cache: CacheConfig | None = None, attention: AttentionSettings | None = None) -> None:
         """Change the cache and/or attention settings (clears the caches); the model stays loaded."""
-        for proc in self.processors:
-            proc.configure(cache if cache is not None else proc.cache_config,
-                           attention if attention is not None else proc.attention)
         if self.processors:
-            self._set_strengths(self.processors[0].attention)
+            attention = attention if attention is not None else self.processors[0].attention
+            strengths = self._strengths(attention)
+        for proc in self.processors:
+            proc.configure(cache if cache is not None else proc.cache_config, attention, strengths[proc.layer_index])
         self.reset()
 
-    def _set_strengths(self, attention: AttentionSettings) -> None:
-        """Each processor's strength: the global float, or its layer's (H,) strengths of attention.calibration."""
-        strengths = layer_strengths(attention, len(self.processors), int(self.transformer.config.num_attention_heads))
-        for proc in self.processors:
-            proc.strength = strengths[proc.layer_index]
+    def _strengths(self, attention: AttentionSettings) -> list[float | torch.Tensor]:
+        """Each layer's strength (layer_strengths): the global float, or its (H,) calibrated strengths."""
+        cfg = self.transformer.config
+        return layer_strengths(attention, int(cfg.num_layers), int(cfg.num_attention_heads), self.device)
 
     def reset(self) -> None:
         """Start a new video: empty caches, no probes, zero timers."""

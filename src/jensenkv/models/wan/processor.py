@@ -69,14 +69,16 @@ class CachedSelfAttnProcessor:
     _parallel_config = None
 
     def __init__(self, layer_index: int, state: ChunkState, cache_config: CacheConfig, head_dim: int,
-                 attention: AttentionSettings):
+                 attention: AttentionSettings, strength: float | torch.Tensor | None = None):
         self.layer_index = layer_index
         self.state = state
         self.head_dim = head_dim
-        self.configure(cache_config, attention)
+        self.configure(cache_config, attention, strength)
 
-    def configure(self, cache_config: CacheConfig, attention: AttentionSettings) -> None:
-        """Swap the cache and attention settings; clears the caches."""
+    def configure(self, cache_config: CacheConfig, attention: AttentionSettings,
+                  strength: float | torch.Tensor | None = None) -> None:
+        """Swap the cache and attention settings; clears the caches. ``strength``: this layer's, from
+        ``layer_strengths`` (a float, or (H,) per-head strengths on the model's device); None: the global one."""
         attention.validate()
         cache_config.key.validate(self.head_dim)  # fail now, not at the first commit
         cache_config.value.validate(self.head_dim)
@@ -84,7 +86,7 @@ class CachedSelfAttnProcessor:
             cache_config = replace(cache_config, keep_reference=True)  # probes compare with the BF16 cache
         self.cache_config = cache_config
         self.attention = attention
-        self.strength = attention.strength  # this layer's: the adapter sets (H,) strengths of a calibration file
+        self.strength = attention.strength if strength is None else strength
         self.caches: dict[str, ChunkedKVCache] = {}
 
     def cache(self, branch: str) -> ChunkedKVCache:
@@ -144,7 +146,7 @@ class CachedSelfAttnProcessor:
             segments = limit_kv_range(cached, cache_limit)
             q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
             outs.append(attend(q_c, k_c, v_c, segments, correction=self.attention.correction,
-                                             strength=self._strength(q.device),
+                                             strength=self.strength,
                                              second_order=self.attention.second_order))  # (B, H, T, D)
             if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
                 self._record_probes(q_c, k_c, v_c, segments, chunk)
@@ -152,7 +154,7 @@ class CachedSelfAttnProcessor:
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment], chunk: InFlightChunk) -> None:
-        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self._strength(q.device),
+        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.strength,
                                   second_order=self.attention.second_order)
         if self.attention.diagnostics:
             values.update(segment_diagnostics(q, segments))
@@ -160,12 +162,6 @@ class CachedSelfAttnProcessor:
             values.update(head_shift_moments(q, segments, self.attention.correction))
         self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step,
                                          "chunk": chunk.index, "branch": self.state.branch, **values})
-
-    def _strength(self, device: torch.device) -> float | torch.Tensor:
-        """This layer's strength: a float, or (H,) per-head strengths moved to the device once."""
-        if isinstance(self.strength, torch.Tensor) and self.strength.device != device:
-            self.strength = self.strength.to(device)
-        return self.strength
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if not self.state.time_quantize:

@@ -1,0 +1,149 @@
+"""What a model family answers for the rest of the suite: the one object each family package registers.
+
+The rest of the suite never asks which family a model is: it asks the family (``models.registry.family``)
+for the fields it reads, the model's geometry, the files it needs, a weights digest, which attention
+backends and metrics it supports, and the adapter. A family reads files here only in ``geometry``,
+``check_weights``, ``files`` and ``weights_digest``, which the run's resolve step (``jensenkv.run.spec``)
+calls; ``check`` and ``check_generation`` are pure functions of the config values.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from jensenkv.checks import fail
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The attention shape of a model at a generation setting, from config files only."""
+
+    head_dim: int           # channels per head d
+    heads: int              # query heads per layer
+    kv_heads: int           # key / value heads per layer (GQA: fewer than heads)
+    layers: int             # self-attention layers
+    tokens_per_chunk: int   # tokens of one chunk: frames_per_chunk x latent tokens per frame
+
+
+@dataclass(frozen=True)
+class Download:
+    """One thing ``make fetch-weights`` downloads for a model: what, where to, and from where."""
+
+    name: str                      # e.g. "model skyreels_v2_df_1_3b"
+    target: Path                   # the file, or the Hugging Face cache folder of a snapshot
+    source: str                    # a Hub repo id, "repo::file in it", or a URL
+    how: str                       # hf-snapshot | hf-file | file
+    patterns: tuple[str, ...] = ()  # hf-snapshot: the files of the repo it needs (empty: all)
+
+
+class ModelFamily:
+    """Base of a family: the defaults every family may keep. Subclasses set the class attributes."""
+
+    kind: ClassVar[str]                                  # model.kind that selects the family
+    node: ClassVar[type]                                 # dataclass of the model.* fields it reads
+    packages: ClassVar[tuple[tuple[str, str], ...]] = ()  # (module, pip requirement) its code imports
+    refused_backends: ClassVar[Mapping[str, str]] = {}   # attention backends it cannot use, with the reason
+    metric_limits: ClassVar[Mapping[str, str]] = {}      # metrics it cannot provide, with the reason
+    threads: ClassVar[int | None] = None                 # torch threads when `threads` is null (None: cores shared)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls.node))
+
+    @classmethod
+    def view(cls, model: Mapping[str, Any] | Any) -> Any:
+        """The family's own typed node of a model config (a ModelConfig or a mapping; absent fields: defaults),
+        unvalidated: what the readiness report and ``make fetch-weights`` read from a configs/model/*.yaml."""
+        get = model.get if isinstance(model, Mapping) else lambda key, default: getattr(model, key, default)
+        return cls.node(**{f.name: get(f.name, f.default) for f in dataclasses.fields(cls.node)})
+
+    # --- pure checks --------------------------------------------------------------------------------------
+    def check(self, model: Any) -> None:
+        """Checks of the family's own fields (ValueError naming the key, the value and what is allowed)."""
+
+    def check_generation(self, generation: Any) -> None:
+        """Checks of the generation node against the family; MAGI-1 alone reads ``generation.magi``."""
+        if generation.magi is not None:
+            fail("generation.magi", generation.magi,
+                 "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null")
+
+    def check_backend(self, backend: str) -> None:
+        """Every registered backend (jensenkv.attention.ATTENTION_BACKENDS) but the refused ones."""
+        if backend in self.refused_backends:
+            fail("attention.backend", backend, f"model.kind={self.kind} cannot use it: {self.refused_backends[backend]}")
+
+    # --- what needs files -------------------------------------------------------------------------------
+    def geometry(self, model: Any, generation: Any) -> Geometry | None:
+        """The model's attention shape from config files only; None when they are absent or unreadable
+        (``check_weights`` then names the missing file)."""
+        return None
+
+    def check_weights(self, model: Any) -> None:
+        """Raise FileNotFoundError naming the first missing file and where it is looked for."""
+
+    def files(self, model: Any) -> list[tuple[Path, bool]]:
+        """Every file or folder the loader reads, with whether it is present (``make check-weights``)."""
+        return []
+
+    def downloads(self, name: str, model: Mapping[str, Any]) -> list[Download]:
+        """What ``make fetch-weights`` fetches for the model config ``name`` (a resolved mapping)."""
+        return []
+
+    def weights_digest(self, model: Any) -> str | None:
+        """A digest of the weights for the run id (None: the model config names the weights itself)."""
+        return None
+
+    def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
+        """The chunk-wise adapter (jensenkv.generate.ChunkwiseModel) of ``model`` with that cache,
+        attention settings and sampler."""
+        raise NotImplementedError
+
+
+def file_digest(path: Path) -> str | None:
+    """sha256 (16 hex digits) of a file, cached by (path, size, mtime); None when it does not exist."""
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _file_digest(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def local_model_dir(path: Any, cache_dir: str | None) -> Path | None:
+    """A model folder: a local directory, or a Hub id already in the Hugging Face cache (never downloads)."""
+    local = Path(str(path)).expanduser()
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=str(path), cache_dir=cache_dir, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or not a repo id): the caller names what is missing
+        return None
+
+
+def cached_model_dir(model: Mapping[str, Any] | Any, looked: list[tuple[Path, bool]]) -> Path | None:
+    """The local folder the loader uses (``path`` itself, or its snapshot in the Hugging Face cache), for the
+    readiness report: what was looked for is appended to ``looked`` when it is absent."""
+    from huggingface_hub import constants
+
+    path, cache_dir = str(getattr(model, "path")), getattr(model, "cache_dir")
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    cache = Path(cache_dir or constants.HF_HUB_CACHE).expanduser()
+    if local.is_absolute() or path.startswith((".", "~")) or path.count("/") != 1:
+        looked.append((local, False))
+        return None
+    found = local_model_dir(path, str(cache))
+    if found is None:
+        looked.append((cache / f"models--{path.replace('/', '--')}", False))
+    return found

@@ -1,0 +1,136 @@
+"""MAGI-1 as a family: its presets (a seeded random tiny one, or the official 4.5B / 24B files of
+sand-ai/MAGI-1), geometry from the preset, the files it reads and the adapter (docs/MAGI1.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from jensenkv.checks import check_choice, check_int, fail
+from jensenkv.models.family import Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
+from jensenkv.models.magi.config import PRESET_VARIANTS, PRESETS, SPATIAL_DOWNSAMPLE, MagiModelConfig, model_preset
+from jensenkv.quant.config import FLOAT_DTYPES
+
+SPECIAL_TOKENS_URL = "https://raw.githubusercontent.com/SandAI-org/MAGI-1/main/example/assets/special_tokens.npz"
+
+
+@dataclass
+class MagiNode:
+    """kind "magi": MAGI-1 (jensenkv.models.magi, docs/MAGI1.md): ``preset`` tiny (seeded random, no weights) or
+    4.5B / 4.5B_distill / 24B / 24B_distill, loaded from the official files of sand-ai/MAGI-1 at ``path``."""
+
+    preset: Optional[str] = None       # tiny | 4.5B | 4.5B_distill | 24B | 24B_distill
+    variant: Optional[str] = None      # checkpoint folder under ckpt/magi/ (null: the preset's)
+    path: Optional[str] = None
+    cache_dir: Optional[str] = None
+    height: Optional[int] = None
+    width: Optional[int] = None
+    fps: Optional[int] = None
+    vae_dtype: Optional[str] = None
+    t5_path: Optional[str] = None      # T5 folder (null: <path>/ckpt/t5/t5-v1_1-xxl)
+    vae_path: Optional[str] = None     # ViT VAE folder (null: <path>/ckpt/vae)
+    vae_latent_scale: Optional[float] = None
+    special_tokens_file: Optional[str] = None
+    special_tokens: Optional[list[str]] = None
+    model_overrides: Optional[dict[str, Any]] = None  # MagiModelConfig fields replaced in the preset
+    latent_height: Optional[int] = None  # tiny: latent frame size (real presets: height / 8)
+    latent_width: Optional[int] = None
+    seed: Optional[int] = None         # tiny: seed of the random initialisation
+
+
+class MagiFamily(ModelFamily):
+    kind = "magi"
+    node = MagiNode
+    packages = (("transformers", "transformers"), ("safetensors", "safetensors"))
+    refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
+                                  "form the Triton kernel reads; use cached, reference or flex"}
+    metric_limits = {"content": "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"}
+
+    def check(self, model: Any) -> None:
+        if model.vae_dtype is not None:
+            check_choice("model.vae_dtype", model.vae_dtype, tuple(FLOAT_DTYPES))
+        if model.preset is None:
+            fail("model.preset", None, "kind=magi needs a preset: tiny, 4.5B, 4.5B_distill, 24B or 24B_distill")
+        check_choice("model.preset", model.preset, tuple(PRESETS))
+        self.architecture(model)
+        check_int("model.fps", model.fps, 1, optional=True)
+        for key in ("latent_height", "latent_width"):
+            check_int(f"model.{key}", getattr(model, key), 1, optional=True)
+        check_int("model.seed", model.seed, 0, optional=True)
+
+    @staticmethod
+    def architecture(model: Any) -> MagiModelConfig:
+        """The preset with model.model_overrides applied (ValueError naming a field it does not have)."""
+        overrides = model.model_overrides or {}
+        allowed = sorted(MagiModelConfig.__dataclass_fields__)
+        unknown = sorted(set(overrides) - set(allowed))
+        if unknown:
+            fail("model.model_overrides", dict(overrides), f"{unknown} are not MAGI-1 model fields; use {allowed}")
+        return model_preset(model.preset, **overrides)
+
+    def check_generation(self, generation: Any) -> None:
+        if generation.magi is None:
+            fail("generation.magi", None,
+                 "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null")
+
+    def geometry(self, model: Any, generation: Any) -> Geometry | None:
+        try:
+            magi = self.architecture(model)
+            if model.latent_height:  # tiny preset: latent size given directly
+                height, width = model.latent_height, model.latent_width or model.latent_height
+            else:
+                height, width = model.height // SPATIAL_DOWNSAMPLE, model.width // SPATIAL_DOWNSAMPLE
+            patch = magi.patch_size
+            return Geometry(head_dim=magi.head_dim, heads=magi.num_heads, kv_heads=magi.num_kv_heads,
+                            layers=magi.num_layers,
+                            tokens_per_chunk=generation.frames_per_chunk * (height // patch) * (width // patch))
+        except (KeyError, ValueError, TypeError):  # no size for a real preset: its loader says what is missing
+            return None
+
+    def check_weights(self, model: Any) -> None:
+        if model.preset == "tiny":  # random-initialised: no files
+            return
+        if local_model_dir(model.path, model.cache_dir) is None:
+            raise FileNotFoundError(f"model.path={model.path!r} is neither a local folder nor in the Hugging Face "
+                                    f"cache ({model.cache_dir or 'HF_HUB_CACHE'}); run `make fetch-weights` on a "
+                                    "machine with internet (docs/MAGI1.md lists the files)")
+        if model.special_tokens and not Path(str(model.special_tokens_file)).expanduser().is_file():
+            raise FileNotFoundError(f"model.special_tokens_file={model.special_tokens_file!r} does not exist "
+                                    "(`make fetch-weights` downloads special_tokens.npz)")
+
+    def files(self, model: Any) -> list[tuple[Path, bool]]:
+        looked: list[tuple[Path, bool]] = []
+        if model.preset == "tiny":
+            return looked
+        folder = cached_model_dir(model, looked)
+        variant = model.variant or PRESET_VARIANTS.get(model.preset, "?")
+        if folder is not None:
+            for path in (folder / "ckpt" / "magi" / variant, Path(model.t5_path or folder / "ckpt" / "t5"),
+                         Path(model.vae_path or folder / "ckpt" / "vae")):
+                looked.append((path, path.exists()))
+        if model.special_tokens:
+            tokens = Path(str(model.special_tokens_file)).expanduser()
+            looked.append((tokens, tokens.is_file()))
+        return looked
+
+    def downloads(self, name: str, model: Any) -> list[Download]:
+        """The variant's DiT weights, T5 and VAE of sand-ai/MAGI-1, and the code repo's special tokens."""
+        from huggingface_hub import constants
+
+        if model.preset not in PRESET_VARIANTS:  # the tiny preset needs no files
+            return []
+        items = []
+        if not Path(str(model.path)).expanduser().is_dir():
+            variant = model.variant or PRESET_VARIANTS[model.preset]
+            cache = Path(model.cache_dir or constants.HF_HUB_CACHE).expanduser()
+            patterns = (f"ckpt/magi/{variant}/*", f"ckpt/magi/{variant}/*/*", "ckpt/t5/*", "ckpt/t5/*/*", "ckpt/vae/*")
+            items.append(Download(f"model {name}", cache, str(model.path), "hf-snapshot", patterns))
+        if model.special_tokens:
+            items.append(Download(f"model {name} special tokens", Path(model.special_tokens_file).expanduser(),
+                                  SPECIAL_TOKENS_URL, "file"))
+        return items
+
+    def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
+        from jensenkv.models.magi.build import load_magi_adapter
+
+        return load_magi_adapter(model, cache, attention, generation)

@@ -1,0 +1,80 @@
+"""The built-in model as a family: its weights folder, geometry (from its config.json) and adapter."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from jensenkv.models.family import Geometry, ModelFamily, file_digest
+from jensenkv.models.tiny.paths import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE
+
+
+@dataclass
+class TinyNode:
+    """kind "tiny": the built-in model (weights_dir: its folder; null: the packaged weights)."""
+
+    weights_dir: Optional[str] = None
+
+
+class TinyFamily(ModelFamily):
+    kind = "tiny"
+    node = TinyNode
+    packages = (("safetensors", "safetensors"),)
+    # its ops are too small to split (README run on 2 shared cores: 128 s with torch's default of 2 threads,
+    # 38 s with 1)
+    threads = 1
+
+    @staticmethod
+    def folder(model: Any) -> Path:
+        """model.weights_dir, or the packaged weights."""
+        return Path(model.weights_dir).expanduser() if model.weights_dir else WEIGHTS_DIR
+
+    def geometry(self, model: Any, generation: Any) -> Geometry | None:
+        try:
+            stored = json.loads((self.folder(model) / CONFIG_FILE).read_text())
+            transformer, data = stored["transformer"], stored["data"]
+            _, p_h, p_w = transformer["patch_size"]
+            heads = int(transformer["num_attention_heads"])
+            return Geometry(head_dim=int(transformer["attention_head_dim"]), heads=heads, kv_heads=heads,
+                            layers=int(transformer["num_layers"]),  # pixel space: no VAE downsampling
+                            tokens_per_chunk=generation.frames_per_chunk * (int(data["height"]) // p_h)
+                            * (int(data["width"]) // p_w))
+        except (OSError, KeyError, ValueError, TypeError):  # unreadable or absent: check_weights reports it
+            return None
+
+    def check_weights(self, model: Any) -> None:
+        folder = self.folder(model)
+        for name in (WEIGHTS_FILE, CONFIG_FILE):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"model.weights_dir={str(folder)!r}: {name} is missing there "
+                                        "(`make train-tiny` writes the built-in model's weights; null uses the "
+                                        "packaged ones)")
+
+    def files(self, model: Any) -> list[tuple[Path, bool]]:
+        folder = self.folder(model)
+        return [(folder / f, (folder / f).is_file()) for f in (WEIGHTS_FILE, CONFIG_FILE)]
+
+    def weights_digest(self, model: Any) -> str | None:
+        """The weights file's digest, so retrained weights never reuse old runs."""
+        return file_digest(self.folder(model) / WEIGHTS_FILE)
+
+    def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
+        """The pixel-space model behind the Wan adapter (its transformer is diffusers' SkyReels-V2)."""
+        import torch
+
+        from jensenkv.models.loaders import cast_like_diffusers
+        from jensenkv.models.tiny.weights import load_tiny
+        from jensenkv.models.wan.adapter import ChunkwiseAdapter
+        from jensenkv.quant.config import FLOAT_DTYPES
+
+        transformer, text_encoder, tokenizer, stored = load_tiny(self.folder(model))
+        device = torch.device(model.device)
+        text_encoder = text_encoder.to(device).eval()
+
+        def encode(prompts: list[str]) -> torch.Tensor:
+            return text_encoder(tokenizer(prompts).to(device))  # (B, L, text_dim)
+
+        frame = (transformer.config.in_channels, int(stored["data"]["height"]), int(stored["data"]["width"]))
+        return ChunkwiseAdapter(cast_like_diffusers(transformer, FLOAT_DTYPES[model.dtype]).to(device), encode,
+                                frame, generation, cache, attention, clean_range=(-1.0, 1.0))
