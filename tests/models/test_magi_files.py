@@ -100,8 +100,16 @@ def test_fetch_weights_lists_magi_files(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert "[would fetch] model magi1_24b_distill" in out and "sand-ai/MAGI-1" in out
     assert "special_tokens.npz" in out and "magi1_tiny" not in out
-    items = fetch_weights.magi_items("m", {"preset": "24B_distill", "path": "sand-ai/MAGI-1", "special_tokens": []})
-    assert items[0].patterns[0] == "ckpt/magi/24B_distill/*"
+    from jensenkv.models.registry import family
+
+    magi = family("magi")
+    items = magi.downloads("m", magi.view({"preset": "24B_distill", "path": "sand-ai/MAGI-1", "special_tokens": []}))
+    assert items[0].patterns[0] == "ckpt/magi/24B_distill/*" and len(items) == 1
+    tokens = magi.downloads("m", magi.view({"preset": "24B", "path": "sand-ai/MAGI-1", "special_tokens": ["x"],
+                                            "special_tokens_file": str(tmp_path / "special_tokens.npz")}))
+    assert tokens[-1].how == "file" and tokens[-1].source.endswith("special_tokens.npz")
+    special = [i for i in fetch_weights.model_items(["magi1_24b_distill"]) if i.what.endswith("special tokens")]
+    assert [i.urls for i in special] == [(special[0].source,)]  # a plain file is fetched from its URL
 
 
 def test_tiled_decode_of_a_local_decoder_equals_the_untiled_decode():

@@ -1,0 +1,143 @@
+"""The config tree is data: building a RunConfig reads no file, whatever the model and whatever it names; the
+families compose ModelConfig; the resolve step is where files are read."""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import pathlib
+
+import pytest
+
+from jensenkv.attention.config import AttentionConfig
+from jensenkv.config import RunConfig
+from jensenkv.generation import GenerationConfig, MagiScheduleConfig
+from jensenkv.models import config as model_config
+from jensenkv.models.config import ModelConfig
+from jensenkv.models.family import ModelFamily
+from jensenkv.models.registry import FAMILIES, family
+from jensenkv.quant.config import QuantConfig
+
+
+@contextlib.contextmanager
+def file_accesses():
+    """Yields the list of files touched (pathlib and open) while the block runs."""
+    touched: list[str] = []
+    originals = {name: getattr(pathlib.Path, name) for name in ("stat", "read_text", "read_bytes", "open")}
+    real_open = builtins.open
+
+    def recording(name):
+        def method(self, *args, **kwargs):
+            touched.append(f"{name} {self}")
+            return originals[name](self, *args, **kwargs)
+        return method
+
+    def recording_open(file, *args, **kwargs):
+        touched.append(f"open {file}")
+        return real_open(file, *args, **kwargs)
+
+    import huggingface_hub
+
+    real_snapshot = huggingface_hub.snapshot_download
+
+    def recording_snapshot(*args, **kwargs):
+        touched.append(f"snapshot_download {args} {kwargs}")
+        return real_snapshot(*args, **kwargs)
+
+    try:
+        for name in originals:
+            setattr(pathlib.Path, name, recording(name))
+        builtins.open, huggingface_hub.snapshot_download = recording_open, recording_snapshot
+        yield touched
+    finally:
+        for name, method in originals.items():
+            setattr(pathlib.Path, name, method)
+        builtins.open, huggingface_hub.snapshot_download = real_open, real_snapshot
+
+
+TREES = {
+    "tiny, calibrated": lambda: RunConfig(model=ModelConfig(kind="tiny", device="cpu", weights_dir="/nowhere"),
+                                          quant=QuantConfig(bits=2, group_size=32),
+                                          attention=AttentionConfig(correction="taylor", calibration="/nowhere.json")),
+    "diffusers": lambda: RunConfig(model=ModelConfig(kind="diffusers", device="cpu", transformer_class="WanTransformer3DModel",
+                                                     path="Org/Not-Cached", height=64, width=64)),
+    "magi": lambda: RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="4.5B", path="/nowhere",
+                                                height=720, width=720),
+                              generation=GenerationConfig(magi=MagiScheduleConfig())),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_building_a_run_config_reads_no_file(name):
+    TREES[name]()  # imports done once, outside the watch
+    with file_accesses() as touched:
+        tree = TREES[name]()
+    assert touched == [] and tree.key.method == "rtn"
+
+
+def test_the_watch_sees_a_file_read(tmp_path):
+    (tmp_path / "x").write_text("x")
+    with file_accesses() as touched:
+        (tmp_path / "x").read_text()
+    assert touched
+
+
+def test_model_config_is_the_families_fields_plus_the_common_ones():
+    own = {f for fam in FAMILIES.values() for f in fam.fields()}
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == {"kind", "name", "device", "dtype"} | own
+    for fam in FAMILIES.values():
+        others = own - set(fam.fields())
+        with pytest.raises(ValueError, match=rf"kind={fam.kind} does not read it"):
+            ModelConfig(kind=fam.kind, device="cpu", **{sorted(others)[0]: 1})
+
+
+def test_two_families_declaring_one_field_differently_are_refused(monkeypatch):
+    @dataclasses.dataclass
+    class Clash:
+        path: int = 0  # the other families' path is Optional[str] = None
+
+    class ClashFamily(ModelFamily):
+        kind = "clash"
+        node = Clash
+
+    monkeypatch.setitem(FAMILIES, "clash", ClashFamily())
+    with pytest.raises(TypeError, match="model field 'path'"):
+        model_config.family_fields()
+
+
+def test_unknown_kind_names_the_registered_families():
+    with pytest.raises(ValueError, match=r"model.kind='nope' is not allowed: use one of \('tiny', 'diffusers', 'magi'\)"):
+        ModelConfig(kind="nope")
+    with pytest.raises(ValueError, match="model.kind='nope'"):
+        family("nope")
+
+
+def test_a_family_refuses_a_backend_it_cannot_use():
+    magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
+    with pytest.raises(ValueError, match=r"attention.backend='triton' is not allowed: model.kind=magi cannot use it"):
+        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
+                  attention=AttentionConfig(backend="triton"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model_overrides": {"num_layer": 2}}, r"model.model_overrides=.*\['num_layer'\] are not MAGI-1 model fields"),
+    ({"model_overrides": {"num_layers": 0}}, r"magi.num_layers=0 is not allowed"),
+    ({"preset": "huge"}, r"model.preset='huge' is not allowed: use one of"),
+    ({"seed": -1}, r"model.seed=-1 is not allowed"),
+])
+def test_magi_fields_are_checked_when_the_tree_is_built(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(kind="magi", device="cpu", **{"preset": "tiny", **overrides})
+
+
+def test_resolve_reads_the_geometry_the_checks_need(tmp_path):
+    """A group that does not divide the tiny model's head dim passes the pure tree and is refused on resolve."""
+    from jensenkv.run.spec import resolve
+
+    tree = RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny", latent_height=8),
+                     generation=GenerationConfig(magi=MagiScheduleConfig()), quant=QuantConfig(bits=2, group_size=64))
+    with pytest.raises(ValueError, match="must divide head_dim=32"):
+        resolve(tree)
+    spec = resolve(dataclasses.replace(tree, quant=QuantConfig(bits=2, group_size=32)))
+    assert spec.geometry.head_dim == 32 and spec.geometry.kv_heads == 2 and spec.geometry.layers == 2
+    assert spec.geometry.tokens_per_chunk == spec.generation.frames_per_chunk * 4 * 4  # 8 x 8 latent, patch 2
