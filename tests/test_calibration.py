@@ -228,3 +228,31 @@ def test_the_digest_names_the_fit_not_when_it_was_written(tmp_path: Path, tiny_w
     assert first.read_bytes() != rerun.read_bytes()
     assert load_calibration(str(first)).digest == load_calibration(str(rerun)).digest
     assert load_calibration(str(first)).digest != load_calibration(str(other)).digest
+
+
+def test_the_wan_adapter_sets_each_layers_strength_once_whatever_the_configure_order(tmp_path: Path,
+                                                                                      tiny_wan_adapter) -> None:
+    """One layer_strengths call at configure time: a calibrated adapter keeps its per-head strengths when only the
+    cache changes, and a plain attention node brings back the global float, in construction and configure alike."""
+    from jensenkv.cache import CacheConfig
+    from jensenkv.quant import QuantConfig
+
+    path = tmp_path / "wan.json"
+    path.write_text(json.dumps({"format": CALIBRATION_FORMAT, "strengths": [[0.5, -1.0], [2.0, 0.0]],
+                                "num_samples": [[1, 1], [1, 1]], "std_error": [[None, None], [None, None]],
+                                "objective": "test", "identity": {}, "calibration": {"prompts": []}}))
+    calibrated = AttentionConfig(correction="taylor", strength=2.0, calibration=str(path))
+
+    def strengths(adapter) -> list:
+        return [p.strength.tolist() if isinstance(p.strength, torch.Tensor) else p.strength for p in adapter.processors]
+
+    built = tiny_wan_adapter(attention=calibrated)
+    assert strengths(built) == [[1.0, -2.0], [4.0, 0.0]]
+    quant = QuantConfig(bits=2, group_size=4)
+    built.configure(cache=CacheConfig(key=quant, value=quant))  # only the cache: the calibration stays
+    assert strengths(built) == [[1.0, -2.0], [4.0, 0.0]]
+    built.configure(attention=AttentionConfig(correction="taylor", strength=0.5))
+    assert strengths(built) == [0.5, 0.5]
+    plain = tiny_wan_adapter(attention=AttentionConfig(correction="taylor", strength=0.5))
+    plain.configure(attention=calibrated)
+    assert strengths(plain) == strengths(tiny_wan_adapter(attention=calibrated))
