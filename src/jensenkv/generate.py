@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from jensenkv.generation import SAMPLERS, GenerationConfig, check_kv_range  # noqa: F401 - re-exported: the node lives there
+from jensenkv.generation import SAMPLERS, GenerationConfig, check_kv_range  # noqa: F401 - re-exported
 
 def flow_sigmas(steps: int, shift: float) -> torch.Tensor:
     """(steps + 1,) noise levels from 1 to 0 on the shifted schedule shift*s / (1 + (shift-1)*s) (Wan/SD3)."""

@@ -54,7 +54,7 @@ class ModelBase:
         check_choice("model.dtype", self.dtype, MODEL_DTYPES)
         self.device = resolve_device(self.device)
         own = family(self.kind)
-        for key in sorted(set(family_fields()) - set(own.fields())):
+        for key in sorted(set(FAMILY_FIELDS) - set(own.fields())):
             if getattr(self, key) is not None:
                 fail(f"model.{key}", getattr(self, key), f"kind={self.kind} does not read it; leave it null")
         own.check(self)
@@ -76,8 +76,10 @@ def family_fields() -> dict[str, tuple[Any, Any]]:
     return merged
 
 
+FAMILY_FIELDS = family_fields()
 ModelConfig = dataclasses.make_dataclass(
-    "ModelConfig", [(name, hint, dataclasses.field(default=default)) for name, (hint, default) in family_fields().items()],
+    "ModelConfig", [(name, hint, dataclasses.field(default=default)) for name, (hint, default) in
+                    FAMILY_FIELDS.items()],
     bases=(ModelBase,), namespace={"__module__": __name__, "__doc__": ModelBase.__doc__ + (
         " Composed from the families' nodes: tiny (jensenkv.models.tiny), diffusers (SkyReels-V2 / Wan, "
         "jensenkv.models.wan), magi (MAGI-1, jensenkv.models.magi); each node's docstring says its fields.")})

@@ -75,7 +75,8 @@ class ModelFamily:
     def check_backend(self, backend: str) -> None:
         """Every registered backend (jensenkv.attention.ATTENTION_BACKENDS) but the refused ones."""
         if backend in self.refused_backends:
-            fail("attention.backend", backend, f"model.kind={self.kind} cannot use it: {self.refused_backends[backend]}")
+            fail("attention.backend", backend,
+                 f"model.kind={self.kind} cannot use it: {self.refused_backends[backend]}")
 
     # --- what needs files -------------------------------------------------------------------------------
     def geometry(self, model: Any, generation: Any) -> Geometry | None:

@@ -58,7 +58,8 @@ class WanFamily(ModelFamily):
         if local is None:
             return None
         try:
-            transformer = json.loads((local / (model.transformer_subfolder or "transformer") / "config.json").read_text())
+            sub = local / (model.transformer_subfolder or "transformer")
+            transformer = json.loads((sub / "config.json").read_text())
             _, p_h, p_w = transformer["patch_size"]
             heads = int(transformer["num_attention_heads"])
             return Geometry(head_dim=int(transformer["attention_head_dim"]), heads=heads, kv_heads=heads,
