@@ -205,7 +205,8 @@ def three_prompts(tmp_path_factory, tiny_weights):
 
 
 def test_intervals_and_paired_differences_come_from_the_per_video_values(three_prompts):
-    from jensenkv.report.intervals import add_intervals, video_metrics
+    from jensenkv.report.intervals import add_intervals
+    from jensenkv.report.rows import video_metrics
 
     results, (none, taylor) = three_prompts
     table = pd.DataFrame([{"run_id": r["run_id"], "correction": r["labels"]["correction"], "model": "tiny",

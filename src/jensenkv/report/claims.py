@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from jensenkv.eval.stats import Interval, PairedDifference
-from jensenkv.report.diagnostics import Diagnostics, uncorrected_diagnostics
+from jensenkv.report.diagnostics import Diagnostics, diagnose
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.table1 import DIGITS
 from jensenkv.report.verdicts import FAILS, HOLDS, MISSING, RULE, summarize, verdict
@@ -268,8 +268,7 @@ def build_report(results_dir: str | Path = "results", model: str | None = None, 
     for name, opts in models.items():
         claims = [*claim_shift(opts, bits, correction), *claim_fidelity(opts, bits, correction),
                   *claim_memory(opts, bits, reference_bits, correction)]
-        reports.append(ModelReport(name, opts, claims, uncorrected_diagnostics(results_dir, name, bits),
-                                   options_table(opts)))
+        reports.append(ModelReport(name, opts, claims, diagnose(opts, bits), options_table(opts)))
     return reports
 
 

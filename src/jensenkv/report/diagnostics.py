@@ -1,11 +1,13 @@
 """Per-layer error-model diagnostics: why the correction helps or over-corrects, layer by layer.
 
 Reads the ``em_*`` probe keys (``jensenkv.attention.diagnostics``, recorded with attention.diagnostics=true) of
-uncorrected runs and averages them per layer over denoising probes. The realized shift of the cached block's
-log partition sum splits as log_zs_shift = first_order + jensen; subtracting b removes predicted_taylor of it
-(to first order), leaving residual = log_zs_shift - predicted_taylor. The correction's model says
-first_order = 0 and predicted_taylor = jensen; a layer where first_order dominates, or where b exceeds the
-realized shift, is a layer the correction cannot fix or over-corrects. ``reading`` writes that down per layer.
+the claims' uncorrected rows (``diagnose``: the rows, pooled replicates and context of ``report.options``) and
+averages them per layer over denoising probes (``report.layers.probe_layer_means``, as table1_layers.csv).
+The realized shift of the cached block's log partition sum splits as log_zs_shift = first_order + jensen;
+subtracting b removes predicted_taylor of it (to first order), leaving residual = log_zs_shift -
+predicted_taylor. The correction's model says first_order = 0 and predicted_taylor = jensen; a layer where
+first_order dominates, or where b exceeds the realized shift, is a layer the correction cannot fix or
+over-corrects. ``reading`` writes that down per layer.
 """
 from __future__ import annotations
 
@@ -19,14 +21,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from jensenkv.eval.attention import SUMMARY_KEYS, denoising_rows
+from jensenkv.eval.attention import denoising_rows
 from jensenkv.eval.stats import mean_interval
-from jensenkv.report.options import build_options
-from jensenkv.report.selection import comparable
-from jensenkv.tracking import load_attention, load_results
+from jensenkv.report.layers import cell_probes, probe_layer_means
+from jensenkv.report.options import Options, load_options
+from jensenkv.report.rows import PROBE_VIDEO_KEYS
 
-EM_KEYS = tuple(k for k in SUMMARY_KEYS if k.startswith("em_"))  # the probe keys of the diagnostics
-VIDEO = ("run_id", "prompt_index", "seed")  # one video of one run: the bootstrap unit
+DIAGNOSED = "em_log_zs_shift_mean"  # the run-level mean the runner stores when the probes carry diagnostics
 COLUMNS = ("row", "layer", "theta", "var_ratio", "first_order", "jensen", "log_zs_shift", "predicted_taylor",
            "residual", "residual_low", "residual_high", "n_eff", "n_eff_fraction", "delta_p_s", "videos", "reading")
 
@@ -39,21 +40,19 @@ def has_diagnostics(frame: pd.DataFrame) -> bool:
 
 def per_layer(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """{row label: probe table (``load_attention`` rows of one or more runs, with a run_id column)} -> one row
-    per (row, layer): the means of the em_* keys (without the prefix), the residual with its 95% interval over
-    videos, delta_p_s and a one-line reading."""
+    per (row, layer): the means of the em_* keys (``layers.probe_layer_means``, without the prefix), the
+    residual with its 95% interval over videos, delta_p_s and a one-line reading."""
     out = []
     for label, frame in frames.items():
         if not has_diagnostics(frame):
             raise ValueError(f"the probes of {label!r} have no error-model diagnostics (em_* keys): run with "
                              "attention.diagnostics=true")
-        rows = denoising_rows(frame).copy()
-        if "run_id" not in rows.columns:
-            rows["run_id"] = label
-        rows["em_residual"] = rows["em_log_zs_shift"] - rows["em_predicted_taylor"]
-        keys = [k for k in (*EM_KEYS, "em_residual", "delta_p_s") if k in rows.columns]
-        means = rows.groupby("layer")[keys].mean()
-        per_video = rows.groupby([*VIDEO, "layer"])["em_residual"].mean().reset_index()
-        for layer, mean in means.iterrows():
+        frame = frame.assign(em_residual=frame["em_log_zs_shift"] - frame["em_predicted_taylor"])
+        if "run_id" not in frame.columns:
+            frame["run_id"] = label
+        rows = denoising_rows(frame)
+        per_video = rows.groupby([*PROBE_VIDEO_KEYS, "layer"])["em_residual"].mean().reset_index()
+        for layer, mean in probe_layer_means(frame, ("em_residual",)).iterrows():
             ci = mean_interval(per_video.loc[per_video["layer"] == layer, "em_residual"].to_numpy())
             entry = {k.removeprefix("em_"): float(v) for k, v in mean.items()}
             entry.update({"row": label, "layer": int(layer), "residual_low": ci.low, "residual_high": ci.high,
@@ -150,25 +149,34 @@ class Diagnostics:
     context: str = ""
     missing: list[str] = field(default_factory=list)
 
+    @classmethod
+    def none(cls, why: str) -> Diagnostics:
+        """No diagnostics, and why (the report lists it as missing)."""
+        return cls(pd.DataFrame(columns=list(COLUMNS)), missing=[why])
+
+
+def diagnose(opts: Options, bits: int = 2) -> Diagnostics:
+    """``per_layer`` over the uncorrected INT``bits`` rows of the claims' options (their rows, their pooled
+    replicates, their context), each from those of its runs that recorded the diagnostics."""
+    rows = [r for r in opts.rows if r != "bf16" and opts.first(r, "bits") == bits and "none" in opts.variants(r)]
+    diagnosed = {}
+    for row in rows:
+        runs = opts.members(row, "none")
+        runs = runs[runs[DIAGNOSED].notna()] if DIAGNOSED in runs.columns else runs.iloc[0:0]
+        if len(runs):
+            diagnosed[row] = runs
+    if not diagnosed:
+        why = "" if not rows else (" recorded the error-model diagnostics (em_* probe keys): run with "
+                                   "attention.diagnostics=true and 'attention' in eval.metrics")
+        return Diagnostics.none(f"no uncorrected INT{bits} run of {opts.model}{why}")
+    frames = {row: cell_probes(opts.results_dir, runs["run_id"]) for row, runs in diagnosed.items()}
+    return Diagnostics(per_layer(frames), opts.selection.context_desc)
+
 
 def uncorrected_diagnostics(results_dir: str | Path, model: str, bits: int = 2) -> Diagnostics:
-    """``per_layer`` over the model's uncorrected INT``bits`` runs that recorded the diagnostics, one row per
-    quantizer option (seeds pooled), all of one context (``jensenkv.report.options``)."""
-    runs = load_results(results_dir)
-    need = "em_log_zs_shift_mean"  # the run-level mean the runner stores when the probes carry diagnostics
-    if runs.empty or "model" not in runs.columns:
-        return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[f"no runs under {results_dir}"])
-    runs = runs[(runs["model"] == model) & (runs["quantizer"] != "bf16") & (runs["bits"] == bits)
-                & (runs["correction"] == "none")]
-    if runs.empty:
-        return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[f"no uncorrected INT{bits} run of {model}"])
-    if need not in runs.columns or runs[need].isna().all():
-        return Diagnostics(pd.DataFrame(columns=list(COLUMNS)), missing=[
-            (f"no uncorrected INT{bits} run of {model} recorded the error-model diagnostics (em_* probe keys): run "
-             "with attention.diagnostics=true and 'attention' in eval.metrics")])
-    selection = comparable(runs[runs[need].notna()])
-    opts = build_options(results_dir, model, selection)
-    frames = {row: pd.concat([load_attention(results_dir, r).assign(run_id=r)
-                              for r in opts.members(row, "none")["run_id"]], ignore_index=True)
-              for row in opts.rows}
-    return Diagnostics(per_layer(frames), selection.context_desc)
+    """``diagnose`` on the model's options in a results store (``jensenkv.report.options.load_options``)."""
+    try:
+        opts = load_options(results_dir, model).get(model)
+    except ValueError:  # the store has no run of this model
+        opts = None
+    return diagnose(opts, bits) if opts is not None else Diagnostics.none(f"no runs of {model} under {results_dir}")

@@ -2,7 +2,8 @@
 error-model diagnostics (``jensenkv.report.diagnostics``).
 
 Every function takes data (DataFrames from ``jensenkv.tracking.load_results`` / ``load_attention``) and
-returns a matplotlib Figure; ``write_figures`` picks the runs from a results directory and saves PNGs.
+returns a matplotlib Figure; ``write_figures`` picks the runs from a results directory (their rows and
+treatments from ``jensenkv.report.rows``, the diagnostics from the claims' rows) and saves PNGs.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from jensenkv.eval.attention import mass_by_layer_step
+from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
+from jensenkv.report.rows import attach_details, full_cache
 from jensenkv.report.selection import Selection, comparable, latest
+from jensenkv.tracking import load_attention, load_results
 
 CORRECTION_STYLE = {"none": ("tab:red", "o", "no correction"), "taylor": ("tab:blue", "s", "Taylor correction"),
                     "exact": ("tab:green", "^", "exact correction")}
@@ -139,19 +143,18 @@ def plot_jensen_bias(alpha_max: float = 3.0, alpha_demo: float = 1.5) -> Figure:
     return fig
 
 
-def rtn_runs(runs: pd.DataFrame, model: str | None = None) -> Selection:
-    """The RTN runs the figures show (token groups, values like keys, full cache, strength 1, corrections
-    none / taylor / exact), all of one context (``jensenkv.report.selection``); others are left out."""
-    need = ("model", "quantizer", "granularity", "values", "sink_chunks", "window_chunks", "strength", "correction")
-    if runs.empty or any(col not in runs.columns for col in need[:4]):
+def rtn_runs(runs: pd.DataFrame, model: str | None = None, results_dir: str | Path | None = None) -> Selection:
+    """The RTN runs the figures show (token groups, values like keys, full cache; treatments none / taylor /
+    exact as ``jensenkv.report.rows`` names them: strength 1 and nothing else, read from the records' identities
+    when ``results_dir`` is given), all of one context (``jensenkv.report.selection``); others are left out."""
+    if runs.empty or any(col not in runs.columns for col in ("model", "quantizer", "granularity", "values")):
         return Selection(runs.iloc[0:0])
-    runs = runs.copy()
-    for col in need:
+    runs = attach_details(runs, results_dir)
+    for col in ("sink_chunks", "window_chunks"):
         if col not in runs.columns:
             runs[col] = None
     mask = (runs["quantizer"] == "rtn") & (runs["granularity"] == "token_group") & (runs["values"] == "same") & \
-        (runs["sink_chunks"].fillna(0) == 0) & runs["window_chunks"].isna() & (runs["strength"].fillna(1.0) == 1.0) & \
-        runs["correction"].isin(list(CORRECTION_STYLE))
+        full_cache(runs) & runs["treatment"].isin(list(CORRECTION_STYLE))
     if model is not None:
         mask &= runs["model"] == model
     return comparable(runs[mask])
@@ -161,8 +164,6 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
                   model: str | None = None, bits: int = 2, group_size: int = 32) -> dict[str, str]:
     """Save tradeoff.png, attention_mass.png, jensen_bias.png and diagnostics.png (per-layer error-model
     diagnostics, ``jensenkv.report.diagnostics``); returns {figure: path or reason skipped}."""
-    from jensenkv.tracking import load_attention, load_results
-
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / "figures"
     out.mkdir(parents=True, exist_ok=True)
@@ -179,8 +180,8 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
     if runs.empty:
         written["tradeoff"] = written["attention_mass"] = f"skipped: no runs under {results_dir}"
         return written
-    selection = rtn_runs(runs, model or runs["model"].iloc[0])
     model = model or runs["model"].iloc[0]
+    selection = rtn_runs(runs, model, results_dir)
     rtn = selection.runs
     if selection.left_out:
         written["left_out"] = "; ".join(selection.left_out)
@@ -189,22 +190,19 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
         written["tradeoff"] = "skipped: no RTN runs with PSNR (run experiment=tradeoff)"
     else:
         save("tradeoff", plot_tradeoff(tradeoff, "psnr", f"{model}: memory-quality trade-off (RTN)"))
-    frames = {}
     at_bits = rtn[(rtn["bits"] == bits) & (rtn["group_size"] == group_size)] if not rtn.empty else rtn
-    for _, row in latest(at_bits, ("correction",)).iterrows() if not at_bits.empty else []:
+    chosen = latest(at_bits, ("correction",)).set_index("correction")["run_id"] if not at_bits.empty else {}
+    frames = {}
+    for correction in [c for c in CORRECTION_STYLE if c in chosen]:  # in the legend's order
         try:
-            label = f"INT{bits} RTN" + ("" if row["correction"] == "none" else f" + {row['correction']}")
-            frames[label] = load_attention(results_dir, row["run_id"])
+            label = f"INT{bits} RTN" + ("" if correction == "none" else f" + {correction}")
+            frames[label] = load_attention(results_dir, chosen[correction])
         except FileNotFoundError:
             continue
-    order = {f"INT{bits} RTN" + ("" if c == "none" else f" + {c}"): i for i, c in enumerate(CORRECTION_STYLE)}
-    frames = dict(sorted(frames.items(), key=lambda item: order.get(item[0], 99)))
     if frames:
         save("attention_mass", plot_attention_mass(frames))
     else:
         written["attention_mass"] = f"skipped: no INT{bits} g{group_size} RTN run with attention probes"
-    from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
-
     diag = uncorrected_diagnostics(results_dir, model, bits)
     if diag.missing:
         written["diagnostics"] = "skipped: " + "; ".join(diag.missing)

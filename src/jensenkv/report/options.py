@@ -1,24 +1,25 @@
 """The options in a results store as rows x variants, with per-video values: what the claims report compares.
 
-Rows and variants come from the records' labels, so a new option shows up without code changes:
+Runs come from one context per model (``jensenkv.report.selection.comparable``: same prompts, seeds, model
+settings and weights) and carry the rows of ``jensenkv.report.rows``, Table 1's: a row is one quantizer setting
+(``row_id``), and its runs that differ only in seed fields are replicates, pooled (each (prompt, seed,
+replicate) is one video). Rows and variants are named from the records' labels, so a new option shows up
+without code changes:
 
-- a **row** is one quantizer option: the labels that describe the cache (quantizer label, bits, group size,
-  values, sinks, window, ...: ``ROW_LABELS``), named like "quarot+rtn INT2 g32"; a label whose value differs
-  from the store's usual one is appended as "key=value";
+- a **row** is named like "quarot+rtn INT2 g32" from the labels that describe the cache (``ROW_LABELS``); a label
+  whose value differs from the store's usual one is appended as "key=value", and rows that the labels do not
+  tell apart get the differing quantizer fields ("qvg INT2 g32 key.qvg_centroids=16");
 - a **variant** is what is done at attention time: every other label (correction, strength, and whatever an
   option adds, e.g. a calibration label), named by the correction plus "key=value" for each such label that
   differs from its usual value.
 
-Runs come from one context per model (``jensenkv.report.selection.comparable``: same prompts, seeds, model
-settings and weights); one run per (setting, variant), the latest. Runs of one row and variant whose identities
-differ only in fields named *_seed (QuaRot rotation seeds, dither seeds) are pooled as its "members": each
-(member, prompt, seed) is one video; runs differing in anything else get distinct row names. Paired
-differences pair a corrected video with the uncorrected one of the same member, prompt and seed; a difference
-between rows (INT2 vs INT4) first averages each row over its members per (prompt, seed).
+One run per (row, replicate, variant), the latest; a cell lists its replicates in Table 1's order
+(``rows.by_replicate``), so both bootstrap the same videos in the same order. Paired differences pair a
+corrected video with the uncorrected one of the same replicate, prompt and seed; a difference between rows
+(INT2 vs INT4) first averages each row's replicates per (prompt, seed) (``rows.per_prompt_seed``).
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,38 +27,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from jensenkv.eval.stats import Interval, PairedDifference, mean_interval, paired_difference
-from jensenkv.report.intervals import VIDEO_KEYS, video_metrics
+from jensenkv.eval.stats import Interval, PairedDifference, mean_interval
+from jensenkv.report.intervals import paired
+from jensenkv.report.rows import (QUANTIZER_ORDER, REASON_SOURCE, VIDEO_KEYS, attach_details, by_replicate,
+                                  per_prompt_seed, present, quantizer_fields, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.report.table1 import QUANTIZER_ORDER
-from jensenkv.tracking import COMPARED, ResultsStore, load_results
+from jensenkv.tracking import ResultsStore, load_results
 
 # Labels that say what is stored in the cache; every other label is a variant of attention-time handling.
 ROW_LABELS = ("model", "quantizer", "method", "bits", "group_size", "granularity", "rotation", "values",
               "sink_chunks", "window_chunks")
 NAMED_IN_ROW = ("model", "quantizer", "method", "bits", "group_size", "rotation")  # always part of the name
-REASON_SOURCE = {"delta_p_s": "attention", "abs_delta_p_s": "attention"}  # the record's missing-reason key
-UNIT = ("member", *VIDEO_KEYS)  # one pooled video: the run's seed fields, prompt and seed
-IDENTITY_VARIANT = (*COMPARED, "metrics")  # identity fields of attention-time handling (tracking.COMPARED)
-
-
-def flatten(obj, prefix: str = "") -> dict:
-    """A nested identity as {"key.rotation_seed": 0, ...} (lists kept whole)."""
-    if not isinstance(obj, dict):
-        return {prefix: obj}
-    out = {}
-    for k, v in obj.items():
-        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def pool_keys(identity: dict, variant_keys: list[str]) -> tuple[dict, dict]:
-    """(what must be equal for settings to be pooled, the seed fields that may differ) of one run's identity:
-    fields named *_seed are seeds; correction, strength and fields named like a variant label are not
-    settings of the cache."""
-    flat = flatten({k: v for k, v in identity.items() if k not in (*IDENTITY_VARIANT, *variant_keys)})
-    seeds = {k: v for k, v in flat.items() if k.rsplit(".", 1)[-1].endswith("_seed")}
-    return {k: v for k, v in flat.items() if k not in seeds}, seeds
 
 
 def label_keys(results_dir: str | Path) -> list[str]:
@@ -71,22 +51,18 @@ def label_keys(results_dir: str | Path) -> list[str]:
 def _usual(runs: pd.DataFrame, col: str):
     """The most common value of a column, absent (None) counting as a value: a label only some records carry
     (a new option) then differs from the usual absence."""
-    values = [None if _missing(v) else v for v in runs[col]]
+    values = [v if present(v) else None for v in runs[col]]
     return Counter(values).most_common(1)[0][0] if values else None
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
-
-
 def _same(a, b) -> bool:
-    return (_missing(a) and _missing(b)) or (not _missing(a) and not _missing(b) and a == b)
+    return (not present(a) and not present(b)) or (present(a) and present(b) and a == b)
 
 
 def _fmt_value(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value)) if abs(value) < 1e15 else str(value)
-    return "null" if _missing(value) else str(value)
+    return str(value) if present(value) else "null"
 
 
 def name_rows(runs: pd.DataFrame, variant_keys: list[str]) -> pd.DataFrame:
@@ -124,8 +100,8 @@ def row_order(runs: pd.DataFrame) -> list[str]:
     def key(r):
         base = str(r["quantizer"]).split("+dither")[0]
         order = QUANTIZER_ORDER.get(base, QUANTIZER_ORDER.get(str(r["quantizer"]).split("+")[0], 99))
-        bits = -1 if _missing(r["bits"]) else int(r["bits"])
-        group = -1 if _missing(r["group_size"]) else int(r["group_size"])
+        bits = int(r["bits"]) if present(r["bits"]) else -1
+        group = int(r["group_size"]) if present(r["group_size"]) else -1
         return (order, str(r["quantizer"]), bits, group, r["row"])
 
     first = runs.drop_duplicates("row")
@@ -144,8 +120,8 @@ class Options:
 
     results_dir: Path
     model: str
-    runs: pd.DataFrame  # one run per (setting, variant): load_results columns + row, variant, tags
-    videos: pd.DataFrame  # one row per (run, prompt, seed): metrics + member, row, variant
+    runs: pd.DataFrame  # one run per (row, replicate, variant): load_results + rows.DETAIL_COLUMNS + row, variant, tags
+    videos: pd.DataFrame  # one row per (run, prompt, seed): rows.VIDEO_KEYS, metrics, row, variant
     selection: Selection
     variant_keys: list[str] = field(default_factory=list)
 
@@ -157,41 +133,34 @@ class Options:
         return variant_order(self.runs.loc[self.runs["row"] == row, "variant"])
 
     def members(self, row: str, variant: str) -> pd.DataFrame:
-        """The runs of one cell (several when settings differing only in a seed are pooled)."""
+        """The runs of one cell (several when replicates, runs differing only in seed fields, are pooled)."""
         return self.runs[(self.runs["row"] == row) & (self.runs["variant"] == variant)]
 
     def first(self, row: str, column: str):
         """A row's run-level value of ``column`` (equal across its runs, e.g. bits, effective_bits)."""
-        values = [v for v in self.runs.loc[self.runs["row"] == row, column] if not _missing(v)] \
+        values = [v for v in self.runs.loc[self.runs["row"] == row, column] if present(v)] \
             if column in self.runs.columns else []
         return values[0] if values else None
 
     def values(self, row: str, variant: str, metric: str) -> pd.Series:
-        """Per-video values of one cell, indexed by (member, prompt, seed); NaN-free."""
+        """Per-video values of one cell, indexed by VIDEO_KEYS (prompt, seed, replicate); NaN-free."""
         part = self.videos[(self.videos["row"] == row) & (self.videos["variant"] == variant)]
         if metric not in part.columns:
             return pd.Series(dtype=float)
-        return part.set_index(list(UNIT))[metric].dropna().astype(float)
+        return part.set_index(list(VIDEO_KEYS))[metric].dropna().astype(float)
 
     def interval(self, row: str, variant: str, metric: str) -> Interval:
         return mean_interval(self.values(row, variant, metric).to_numpy())
 
     def paired(self, row: str, variant: str, metric: str, base: str = "none") -> PairedDifference:
-        """variant - base within one row, paired by pooled member (seed fields), prompt and seed."""
-        t, b = self.values(row, variant, metric), self.values(row, base, metric)
-        joined = pd.concat([t.rename("t"), b.rename("b")], axis=1, join="inner")
-        return paired_difference(joined["t"].to_numpy(), joined["b"].to_numpy())
+        """variant - base within one row, paired by prompt, seed and replicate."""
+        return paired(self.values(row, variant, metric), self.values(row, base, metric))
 
     def across(self, row: str, variant: str, ref_row: str, ref_variant: str, metric: str) -> PairedDifference:
-        """(row, variant) - (ref_row, ref_variant), each averaged over its members, paired by prompt and
-        seed (one context: the two rows share prompts and seeds)."""
-        def by_video(r, v):  # one value per (prompt, seed): the mean over members and rotation seeds
-            s = self.values(r, v, metric)
-            return s.groupby(level=["prompt", "seed"]).mean() if len(s) else s
-
-        joined = pd.concat([by_video(row, variant).rename("t"), by_video(ref_row, ref_variant).rename("b")],
-                           axis=1, join="inner")
-        return paired_difference(joined["t"].to_numpy(), joined["b"].to_numpy())
+        """(row, variant) - (ref_row, ref_variant), each with its replicates averaged per (prompt, seed)
+        (``rows.per_prompt_seed``), paired by prompt and seed (one context: both rows share them)."""
+        return paired(per_prompt_seed(self.values(row, variant, metric)),
+                      per_prompt_seed(self.values(ref_row, ref_variant, metric)))
 
     def missing_reason(self, row: str, variant: str, metric: str) -> str:
         """Why a cell has no values of ``metric``: the run's recorded reason, or what is absent."""
@@ -200,7 +169,7 @@ class Options:
             return f"no {variant} run of {row}"
         col = f"{REASON_SOURCE.get(metric, metric)}_missing_reason"
         if col in runs.columns:
-            reasons = [str(r) for r in runs[col] if not _missing(r)]
+            reasons = [str(r) for r in runs[col] if present(r)]
             if reasons:
                 return reasons[0]
         n = len(self.values(row, variant, metric))
@@ -210,8 +179,8 @@ class Options:
         return f"no per-video {metric} in run {ids}"
 
     def pooled_note(self, row: str, variant: str) -> str:
-        """"" or e.g. "2 seeds pooled" when runs of several seed fields form one cell."""
-        n = self.members(row, variant)["member"].nunique()
+        """"" or e.g. "2 seeds pooled" when several replicates form one cell."""
+        n = self.members(row, variant)["replicate"].nunique()
         return f"{n} seeds pooled" if n > 1 else ""
 
 
@@ -233,44 +202,33 @@ def load_options(results_dir: str | Path = "results", model: str | None = None) 
 
 
 def build_options(results_dir: str | Path, model: str, selection: Selection) -> Options:
-    """Options of the runs a selection chose (one context of one model)."""
+    """Options of the runs a selection chose (one context of one model), on the rows of ``report.rows``."""
     results_dir = Path(results_dir)
     variant_keys = [k for k in label_keys(results_dir) if k not in ROW_LABELS]
     if "correction" not in variant_keys:
         variant_keys.insert(0, "correction")
-    chosen = name_rows(selection.runs, variant_keys)
-    chosen = latest(chosen, ("setting", "variant"))
-    chosen = _split_pools(chosen, results_dir, variant_keys)
+    chosen = name_rows(attach_details(selection.runs, results_dir), variant_keys)
+    chosen = _name_settings(by_replicate(latest(chosen, ("row_id", "replicate", "variant"))), results_dir)
     videos = video_metrics(results_dir, chosen["run_id"])
     if not videos.empty:
         if "delta_p_s" in videos.columns:
             videos["abs_delta_p_s"] = np.abs(videos["delta_p_s"])
-        videos = videos.merge(chosen[["run_id", "member", "row", "variant"]], on="run_id", how="left")
+        videos = videos.merge(chosen[["run_id", "row", "variant"]], on="run_id", how="left")
     return Options(results_dir, model, chosen.reset_index(drop=True), videos, selection, variant_keys)
 
-def _split_pools(runs: pd.DataFrame, results_dir: Path, variant_keys: list[str]) -> pd.DataFrame:
-    """Add ``member`` (a hash of the run's seed fields) and give rows whose runs differ in more than seeds
-    distinct names ("qvg INT2 g32 key.qvg_centroids=16"), so only seeds are ever pooled."""
-    from jensenkv.tracking import config_hash
 
+def _name_settings(runs: pd.DataFrame, results_dir: Path) -> pd.DataFrame:
+    """Give a row name that covers several rows (``row_id``: quantizer settings the labels do not tell apart)
+    one name per row, by the quantizer fields that differ ("qvg INT2 g32 key.qvg_centroids=16")."""
     store = ResultsStore(results_dir)
-    runs = runs.copy()
-    pools, members, settings = [], [], {}
-    for run_id in runs["run_id"]:
-        fixed, seeds = pool_keys(store.read_record(run_id).get("identity") or {}, variant_keys)
-        pools.append(config_hash(fixed))
-        members.append(config_hash(seeds))
-        settings[pools[-1]] = fixed
-    runs["pool"], runs["member"] = pools, members
-    names = list(runs["row"])
+    names = runs["row"].copy()
     for row, part in runs.groupby("row", sort=False):
-        distinct = list(dict.fromkeys(part["pool"]))
-        if len(distinct) < 2:
+        if part["row_id"].nunique() < 2:
             continue
-        fields = sorted({k for p in distinct for k in settings[p]
-                         if any(not _same(settings[p].get(k), settings[o].get(k)) for o in distinct)})
-        for i, (_, r) in enumerate(runs.iterrows()):
-            if r["row"] == row:
-                names[i] = row + " " + " ".join(f"{k}={_fmt_value(settings[r['pool']].get(k))}" for k in fields)
-    runs["row"] = names
-    return runs
+        settings = {i: quantizer_fields(store.read_record(r).get("identity") or {})[0]
+                    for i, r in zip(part.index, part["run_id"])}
+        fields = sorted({k for a in settings.values() for k in a
+                         if any(not _same(a.get(k), b.get(k)) for b in settings.values())})
+        for i, setting in settings.items():
+            names[i] = row + " " + " ".join(f"{k}={_fmt_value(setting.get(k))}" for k in fields)
+    return runs.assign(row=names)

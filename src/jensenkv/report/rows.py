@@ -1,12 +1,17 @@
-"""Table 1's rows and treatments, read from each run's identity (no list of known quantizers or corrections).
+"""The report's rows, treatments and videos, read from each run's identity: the one place that says which runs
+are pooled, how a video is named and in which order the tables list things (no list of known quantizers or
+corrections).
 
-A row is one quantizer of one model: the run's key and value quantizer settings with the rotation seed left
-out, so runs over several rotation seeds fall in one row and are pooled. Its label spells out what the
-settings are: method, zero point, dither, smoothing, rotation with the number of rotation seeds pooled, QVG's
-centroids; bits and group go in their own column. A treatment is what the runs of a row are compared on: the
-identity fields of ``jensenkv.tracking.COMPARED`` (correction, strength and any field added there), labelled
-"none" for the uncorrected baseline. So a new quantizer option is a new row and a new correction or strength
-a new "none -> X" line, with no change here.
+A row is one quantizer of one model: the run's key and value quantizer settings (``tracking.QUANTIZER``) with
+every seed field (``*_seed``: rotation, dither, k-means seeds) left out. Runs of one row and treatment that
+differ only in seeds are its replicates and are pooled: each (prompt, seed, replicate) is one video
+(VIDEO_KEYS), a treated video pairs with the uncorrected video of the same key, and where two rows are compared
+(the claims' INT2 vs INT4) each row's replicates are first averaged per (prompt, seed). A treatment is what the
+runs of a row are compared on: the identity fields of ``jensenkv.tracking.COMPARED`` (correction, strength and
+any field added there), labelled "none" for the uncorrected baseline. The row's label spells out its settings:
+method, zero point, dither, smoothing, rotation with the number of rotation seeds pooled, QVG's centroids; bits
+and group go in their own column. So a new quantizer option is a new row and a new correction or strength a new
+"none -> X" line, with no change here.
 """
 from __future__ import annotations
 
@@ -18,13 +23,34 @@ from typing import Any
 import pandas as pd
 
 from jensenkv.quant.config import QuantConfig
-from jensenkv.report.intervals import BASELINE
-from jensenkv.tracking import COMPARED, ResultsStore, config_hash
+from jensenkv.tracking import COMPARED, QUANTIZER, ResultsStore, config_hash
 
-DETAIL_COLUMNS = ("row_id", "rotation_seed", "treatment", "zero_point", "dither", "smoothing", "qvg_centroids",
-                  "probe_steps")
+BASELINE = "none"  # the treatment every other one is paired against
+DETAIL_COLUMNS = ("row_id", "replicate", "rotation_seed", "treatment", "zero_point", "dither", "smoothing",
+                  "qvg_centroids", "probe_steps")
+VIDEO_KEYS = ("prompt", "seed", "replicate")  # one video of a row (records' per-video rows)
+PROBE_VIDEO_KEYS = ("run_id", "prompt_index", "seed")  # the same video in a probe table: one run per replicate
+VIDEO_METRICS = ("psnr", "ssim", "lpips", "vbench", "content", "delta_p_s")  # per-video values of the records
+PER_VIDEO_KEYS = {"delta_p_s": "delta_p_s_mean"}  # the per-video name of a run-level metric
+REASON_SOURCE = {"delta_p_s": "attention", "abs_delta_p_s": "attention"}  # whose <key>_missing_reason says why
+RUN_SEPARATOR = ";"  # a pooled cell's run ids, joined
+QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6,
+                   "qvg_pro": 7, "qvg_rtn": 8}  # the tables' order of quantizer families
 ZERO_NAMES = {"integer": "integer zero", "min_aligned": "min-aligned zero", "fixed_point": "fixed-point zero"}
 SMOOTHING_NAMES = {"channel_mean": "channel-mean smoothing"}
+
+
+def present(value: Any) -> bool:
+    """Whether a cell holds a value (not None, NaN or pd.NA)."""
+    return not (value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)))
+
+
+def quantizer_fields(identity: Mapping[str, Any]) -> tuple[dict, dict]:
+    """(the key / value settings without their seed fields, as {"key.bits": 2, ...}; the seed fields): the
+    first names the row, the second the replicate."""
+    flat = {f"{name}.{k}": v for name in QUANTIZER for k, v in (identity.get(name) or {}).items()}
+    seeds = {k: v for k, v in flat.items() if k.endswith("_seed")}
+    return {k: v for k, v in flat.items() if k not in seeds}, seeds
 
 
 def _key(identity: Mapping[str, Any], name: str) -> QuantConfig | None:
@@ -39,15 +65,15 @@ def _key(identity: Mapping[str, Any], name: str) -> QuantConfig | None:
 
 
 def run_details(identity: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The DETAIL_COLUMNS of one run from its identity (row id, rotation seed, treatment, grid options)."""
+    """The DETAIL_COLUMNS of one run from its identity (row id, replicate, rotation seed, treatment, grid options)."""
     identity = identity or {}
     key = _key(identity, "key")
-    sans_seed = {name: {k: v for k, v in (identity.get(name) or {}).items() if k != "rotation_seed"}
-                 for name in ("key", "value")}
+    setting, seeds = quantizer_fields(identity)
     rotated = key is not None and key.rotation != "none"
     quantized = key is not None and key.method != "none"
     return {
-        "row_id": config_hash(sans_seed),
+        "row_id": config_hash(setting),
+        "replicate": config_hash(seeds),
         "rotation_seed": int(key.rotation_seed) if rotated else None,
         "treatment": treatment_label({k: identity.get(k) for k in COMPARED}),
         "zero_point": (("symmetric" if key.symmetric else key.zero_convention) if quantized else None),
@@ -82,25 +108,21 @@ def attach_details(runs: pd.DataFrame, results_dir: str | Path | None = None) ->
     return runs
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
 def treatment_label(fields: Mapping[str, Any]) -> str:
     """"none" for an uncorrected run; else the correction, then " x<strength>" when a numeric strength is not
-    1, ", second order" when that switch is on, then ", <field> <value>" for every other set field (a strength label; a calibration file by its stem, or
-    a calibration record by its name, path or digest)."""
+    1, ", second order" when that switch is on, then ", <field> <value>" for every other set field (a strength
+    label; a calibration file by its stem, or a calibration record by its name, path or digest)."""
     correction = fields.get("correction")
-    if not _present(correction) or correction == BASELINE:
+    if not present(correction) or correction == BASELINE:
         return BASELINE
     label = str(correction)
     for name, value in fields.items():
-        if name == "correction" or not _present(value):
+        if name == "correction" or not present(value):
             continue
         if isinstance(value, bool):  # a switch (second_order): named when on, absent when off
             label += f", {name.replace('_', ' ')}" if value else ""
             continue
-        if name == "strength" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name == "strength" and isinstance(value, (int, float)):  # (a bool is a switch, handled above)
             label += "" if float(value) == 1.0 else f" x{float(value):g}"
             continue
         label += f", {name} {_short(value)}"
@@ -110,7 +132,7 @@ def treatment_label(fields: Mapping[str, Any]) -> str:
 def _short(value: Any) -> str:
     """A treatment field in a few characters: a file by its stem, a mapping by its name / path or a digest."""
     if isinstance(value, Mapping):
-        named = next((value[k] for k in ("name", "label", "path", "file") if _present(value.get(k))), None)
+        named = next((value[k] for k in ("name", "label", "path", "file") if present(value.get(k))), None)
         return _short(named) if named is not None else config_hash(dict(value), 6)
     if isinstance(value, str) and ("/" in value or value.endswith((".json", ".pt", ".safetensors", ".yaml"))):
         return Path(value).stem
@@ -127,16 +149,16 @@ def quantizer_label(row: Mapping[str, Any], rotation_seeds: int = 0) -> str:
     base = quantizer.removeprefix("quarot+").split("+")[0]
     name = {"rtn": "RTN", "kivi": "KIVI", "qvg": "QVG", "qvg_pro": "QVG-Pro", "qvg_rtn": "QVG (RTN residual)"}
     parts = [name.get(base, base)]
-    if _present(row.get("qvg_centroids")):
+    if present(row.get("qvg_centroids")):
         parts.append(f"{int(row['qvg_centroids'])} centroids")
     zero = row.get("zero_point")
-    if _present(zero):
+    if present(zero):
         parts.append(ZERO_NAMES.get(zero, str(zero)) if zero != "symmetric" else "symmetric")
-    if _present(row.get("dither")) and row["dither"] != "none":
+    if present(row.get("dither")) and row["dither"] != "none":
         parts.append(f"{row['dither']} dither")
-    if _present(row.get("smoothing")) and row["smoothing"] != "none":
+    if present(row.get("smoothing")) and row["smoothing"] != "none":
         parts.append(SMOOTHING_NAMES.get(row["smoothing"], f"{row['smoothing']} smoothing"))
-    if not _present(zero):  # label columns only: the quantizer label's tags
+    if not present(zero):  # label columns only: the quantizer label's tags
         parts += quantizer.removeprefix("quarot+").split("+")[1:]
     label = ", ".join(parts)
     if quantizer.startswith("quarot+") or row.get("rotation") == "hadamard":
@@ -149,3 +171,49 @@ def bits_label(row: Mapping[str, Any]) -> str:
     if row.get("quantizer") == "bf16":
         return "BF16"
     return f"INT{int(row['bits'])} g{int(row['group_size'])}"
+
+
+def run_ids_of(cell_run_id: str) -> list[str]:
+    """The run ids of one cell (one, or several pooled ones joined by RUN_SEPARATOR)."""
+    return [r for r in str(cell_run_id).split(RUN_SEPARATOR) if r]
+
+
+def by_replicate(runs: pd.DataFrame) -> pd.DataFrame:
+    """The replicates of a cell in the one order every table lists, pools and bootstraps them in: by rotation
+    seed (unrotated first), then by ``replicate`` (a digest of the seed fields: fixed, if arbitrary)."""
+    return runs.sort_values(["rotation_seed", "replicate"], na_position="first", kind="stable")
+
+
+def per_prompt_seed(values: pd.Series) -> pd.Series:
+    """Per-video values (indexed by VIDEO_KEYS) with a row's replicates averaged: one value per (prompt, seed),
+    what a comparison between two rows pairs (their replicates need not match)."""
+    return values.groupby(level=["prompt", "seed"]).mean() if len(values) else values
+
+
+def full_cache(runs: pd.DataFrame) -> pd.Series:
+    """Runs that keep every chunk (no attention sinks, no window): the only kind Table 1 and the figures show."""
+    return (runs["sink_chunks"].fillna(0) == 0) & runs["window_chunks"].isna()
+
+
+def video_metrics(results_dir: str | Path, run_ids) -> pd.DataFrame:
+    """One row per (run, prompt, seed): run_id, VIDEO_KEYS and the per-video value of every VIDEO_METRICS metric
+    present. ``run_ids`` may hold pooled cells' joined ids.
+
+    VBench's per-video score is the mean x100 of the dimensions scored for that video, as the run-level one."""
+    store = ResultsStore(results_dir)
+    rows = []
+    for run_id in dict.fromkeys(r for cell in run_ids for r in run_ids_of(cell)):
+        record = store.read_record(run_id)
+        replicate = config_hash(quantizer_fields(record.get("identity") or {})[1])
+        for video in record.get("per_prompt", []):
+            metrics = video.get("metrics", {})
+            row = {"run_id": run_id, "prompt": video["prompt"], "seed": int(video["seed"]), "replicate": replicate}
+            for metric in VIDEO_METRICS:
+                value = metrics.get(PER_VIDEO_KEYS.get(metric, metric))
+                if value is not None:
+                    row[metric] = float(value)
+            dims = [v for k, v in metrics.items() if k.startswith("vbench_") and v is not None]
+            if dims and "vbench" not in row:
+                row["vbench"] = 100.0 * sum(dims) / len(dims)
+            rows.append(row)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["run_id", *VIDEO_KEYS, *VIDEO_METRICS])

@@ -12,17 +12,17 @@ cells ``delta_<metric>`` / ``p_<metric>``), ``table1.md`` and ``table1.tex`` (ro
 treatment, cells "none -> X"), ``table1_layers.csv`` (per cell and layer: the probes' means, error-model
 diagnostics em_* included; jensenkv.report.layers) and the figures under ``<out>/figures/``.
 
-Rows and treatments come from the runs' identities (``jensenkv.report.rows``): every quantizer setting is a
-row (its label spells out zero point, dither, smoothing, rotation, QVG centroids), every correction / strength
-a "none -> X" line. Runs of one quantizer over several rotation seeds are pooled into one row; their videos
-are paired with the uncorrected ones by (prompt, seed, rotation seed). Runs are chosen by content, not by
-experiment name: BF16 plus every quantized run with a full cache (no sinks / window) and values quantized like
-keys (RTN-family rows: group size ``--group-size``; QVG keeps its own residual block), all from one context
-(same model and sampler settings, weights, prompts, seeds and probes: ``jensenkv.report.selection``). Runs of
-other contexts are left out and listed. The command prints which runs each row compares, and writes to
-``--out`` only a complete table (every TABLE1_ROWS row with its "none" and ``--correction`` cells, and every
-treated cell with its baseline); otherwise it writes to ``<out>/partial/`` and exits 1, leaving the committed
-tables as they are.
+Rows and treatments come from the runs' identities (``jensenkv.report.rows``): every quantizer setting is a row
+(its label spells out zero point, dither, smoothing, rotation, QVG centroids), every correction / strength a
+"none -> X" line. Runs of one quantizer that differ only in seed fields (rotation seeds, dither seeds) are
+replicates, pooled into one row; their videos are paired with the uncorrected ones by (prompt, seed, replicate),
+as in the claims report. Runs are chosen by content, not by experiment name: BF16 plus every quantized run with
+a full cache (no sinks / window) and values quantized like keys (RTN-family rows: group size ``--group-size``;
+QVG keeps its own residual block), all from one context (same model and sampler settings, weights, prompts,
+seeds and probes: ``jensenkv.report.selection``). Runs of other contexts are left out and listed. The command
+prints which runs each row compares, and writes to ``--out`` only a complete table (every TABLE1_ROWS row with
+its "none" and ``--correction`` cells, and every treated cell with its baseline); otherwise it writes to
+``<out>/partial/`` and exits 1, leaving the committed tables as they are.
 """
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from jensenkv.report.intervals import RUN_SEPARATOR, add_intervals, video_metrics
-from jensenkv.report.layers import layer_means
-from jensenkv.report.rows import BASELINE, attach_details, bits_label, quantizer_label
+from jensenkv.eval.attention import denoising_rows
+from jensenkv.report.intervals import add_intervals
+from jensenkv.report.layers import cell_probes, layer_means
+from jensenkv.report.rows import (BASELINE, QUANTIZER_ORDER, REASON_SOURCE, RUN_SEPARATOR, VIDEO_METRICS,
+                                  attach_details, bits_label, by_replicate, full_cache, present, quantizer_label,
+                                  video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.tracking import atomic_write, load_attention, load_results, portable
+from jensenkv.tracking import atomic_write, load_results, portable
 
-METRICS = ("psnr", "ssim", "lpips", "vbench", "content", "delta_p_s")
 CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
                "dither", "smoothing", "qvg_centroids", "correction", "strength", "treatment", "effective_bits",
                "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
@@ -49,8 +51,6 @@ CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", 
 POOLED = {"effective_bits": "effective_bits", "psnr": "psnr", "ssim": "ssim", "lpips": "lpips", "vbench": "vbench",
           "content": "content", "delta_p_s_mean": "delta_p_s", "delta_p_s_median": "delta_p_s_median",
           "jsd_mean": "jsd"}
-QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6,
-                   "qvg_pro": 7, "qvg_rtn": 8}
 GRID_TAG_ORDER = {"min_aligned": 1, "fixed_point": 2, "dither": 3, "channel_mean": 4}  # QuantConfig.label's tags
 DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2, "delta_p_s": 4}
 LATEX_ARROWS = {"psnr": r"$\uparrow$", "ssim": r"$\uparrow$", "lpips": r"$\downarrow$", "vbench": r"$\uparrow$",
@@ -58,8 +58,7 @@ LATEX_ARROWS = {"psnr": r"$\uparrow$", "ssim": r"$\uparrow$", "lpips": r"$\downa
 HEADERS = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "content": "Content",
            "delta_p_s": "dP_S"}
 NO_REFERENCE = ("vbench", "content")  # scored on the video alone: BF16 rows show their own value
-REASON_SOURCE = {"delta_p_s": "attention"}  # the runner records why the attention metrics are missing
-ROW = ("model", "row_id")  # one table row: a quantizer setting of one model (rotation seeds pooled)
+ROW = ("model", "row_id")  # one table row: a quantizer setting of one model (replicates pooled)
 CELL = (*ROW, "treatment")
 # The rows the committed Table 1 must have (experiment=table1), as (quantizer label, bits); each needs its
 # "none" and --correction cells. Rows beyond these (other options, other corrections) are shown when run.
@@ -69,19 +68,19 @@ PAIRED_HEADER = "dPSNR [95% CI], p"
 
 
 def select_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """The runs Table 1 shows: one per (model, row, rotation seed, treatment)."""
+    """The runs Table 1 shows: one per (model, row, replicate, treatment)."""
     return choose_runs(runs, group_size, corrections).runs
 
 
 def choose_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str, ...] | None = None,
                 results_dir: str | Path | None = None) -> Selection:
-    """Table 1's runs, all of one context per model, the latest per (row, rotation seed, treatment); and what
-    was left out. ``corrections``: keep only these (None: every correction run)."""
+    """Table 1's runs, all of one context per model, the latest per (row, replicate, treatment); and what was
+    left out. ``corrections``: keep only these (None: every correction run)."""
     runs = attach_details(runs, results_dir)
     candidates = table1_candidates(runs, group_size, corrections)
     selection = comparable(candidates)
     if not selection.runs.empty:
-        selection.runs = latest(selection.runs, ("model", "row_id", "rotation_seed", "treatment"))
+        selection.runs = latest(selection.runs, ("model", "row_id", "replicate", "treatment"))
     return selection
 
 
@@ -93,13 +92,12 @@ def table1_candidates(runs: pd.DataFrame, group_size: int, corrections: tuple[st
     for col in ("sink_chunks", "window_chunks", "values", "granularity", "group_size", "method"):
         if col not in runs.columns:
             runs[col] = None
-    full_cache = (runs["sink_chunks"].fillna(0) == 0) & runs["window_chunks"].isna()
     bf16 = runs["quantizer"] == "bf16"
     own_block = runs["method"] == "qvg"  # QVG's residual block is its preset's (published: 64)
     quantized = (~bf16) & (runs["values"] == "same") & (own_block | (runs["group_size"] == group_size))
     if corrections is not None:
         quantized &= runs["correction"].isin(corrections)
-    return runs[full_cache & (bf16 | quantized)]
+    return runs[full_cache(runs) & (bf16 | quantized)]
 
 
 def _order(row: pd.Series) -> tuple:
@@ -114,24 +112,21 @@ def _order(row: pd.Series) -> tuple:
 
 def _pooled_median(results_dir: Path | None, run_ids: list[str]) -> float:
     """delta_p_s median over every denoising probe of the pooled runs (NaN when a run has no probes)."""
-    from jensenkv.eval.attention import denoising_rows
-
     if results_dir is None:
         return math.nan
     try:
-        frames = [denoising_rows(load_attention(results_dir, r)) for r in run_ids]
+        return float(denoising_rows(cell_probes(results_dir, run_ids))["delta_p_s"].median())
     except FileNotFoundError:
         return math.nan
-    return float(pd.concat(frames)["delta_p_s"].median())
 
 
 def pool_cells(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFrame:
-    """One row per cell (model, row, treatment): its runs (one per rotation seed) pooled. Numbers are the
-    runs' values averaged with weights = videos per run (= the mean over all the cell's videos); a number
-    missing from any run is missing for the cell, with that run's reason."""
+    """One row per cell (model, row, treatment): its runs (one per replicate, ``rows.by_replicate``) pooled.
+    Numbers are the runs' values averaged with weights = videos per run (= the mean over all the cell's videos);
+    a number missing from any run is missing for the cell, with that run's reason."""
     cells = []
     for _, group in runs.groupby(list(CELL), dropna=False, sort=False):
-        group = group.sort_values("rotation_seed", na_position="first")
+        group = by_replicate(group)
         first = group.iloc[0].to_dict()
         cell = {k: v for k, v in first.items() if not k.endswith("_missing_reason")}
         weights = group["num_prompts"].astype(float).fillna(1.0).to_numpy()
@@ -144,7 +139,7 @@ def pool_cells(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFr
         for col in [c for c in group.columns if c.endswith("_missing_reason")]:
             reasons = group[col].dropna()
             cell[col] = reasons.iloc[0] if len(reasons) else None
-        seeds = [int(s) for s in group["rotation_seed"].dropna()]
+        seeds = list(dict.fromkeys(int(s) for s in group["rotation_seed"].dropna()))  # distinct, in order
         cell["rotation_seeds"] = ",".join(str(s) for s in seeds) if seeds else None
         cell["num_runs"] = len(group)
         cell["num_prompts"] = int(group["num_prompts"].fillna(0).sum())
@@ -158,14 +153,13 @@ def long_table(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFr
     """The CSV form, one row per cell: required columns first, then each metric's missing reason (empty when
     present)."""
     runs = attach_details(runs)
-    for col in ("num_prompts", "quantizer", "bits", "group_size", "rotation", "correction", "strength"):
-        if col not in runs.columns:
-            runs[col] = None
+    if "num_prompts" not in runs.columns:
+        runs["num_prompts"] = None
     table = pool_cells(runs, results_dir) if not runs.empty else pd.DataFrame(columns=list(CSV_COLUMNS))
     for col in CSV_COLUMNS:
         if col not in table.columns:
             table[col] = None
-    for metric in METRICS:
+    for metric in VIDEO_METRICS:
         reason_col = f"{metric}_missing_reason"
         given = f"{REASON_SOURCE.get(metric, metric)}_missing_reason"
         table[reason_col] = table[given] if given in table.columns else None
@@ -179,15 +173,13 @@ def long_table(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFr
         table = table.iloc[sorted(range(len(table)), key=keys.__getitem__)]
     for col in ("bits", "group_size", "num_prompts", "num_runs", "qvg_centroids"):  # integers, empty where n/a
         table[col] = pd.to_numeric(table[col], errors="coerce").astype("Int64")
-    reasons = [f"{m}_missing_reason" for m in METRICS]
+    reasons = [f"{m}_missing_reason" for m in VIDEO_METRICS]
     extra = [c for c in ("row_id", "probe_steps") if c in table.columns]
     return table[list(CSV_COLUMNS) + reasons + extra].reset_index(drop=True)
 
 
 def _fmt(value: object, metric: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return "n/a"
-    return f"{float(value):.{DIGITS[metric]}f}"
+    return f"{float(value):.{DIGITS[metric]}f}" if present(value) else "n/a"
 
 
 def paper_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -245,7 +237,7 @@ def missing_notes(table: pd.DataFrame) -> list[str]:
 
 
 def measurement_notes(table: pd.DataFrame) -> list[str]:
-    """What each cell averages over: videos, pooled rotation seeds, the probed denoising steps."""
+    """What each cell averages over: videos, pooled replicates (rotation seeds), the probed denoising steps."""
     notes = []
     if "num_videos" in table.columns and len(table):
         counts = sorted({int(n) for n in table["num_videos"]})
@@ -255,7 +247,8 @@ def measurement_notes(table: pd.DataFrame) -> list[str]:
                      "bootstrap interval, sign-flip p")
     pooled = table[table["num_runs"].fillna(1) > 1] if "num_runs" in table.columns else table.iloc[0:0]
     for label, seeds in dict(zip(pooled["label"], pooled["rotation_seeds"])).items():
-        notes.append(f"{label}: rotation seeds {seeds} pooled into one row")
+        what = f"rotation seeds {seeds}" if isinstance(seeds, str) else "runs differing only in seed fields"
+        notes.append(f"{label}: {what} pooled into one row")
     steps = table["probe_steps"].dropna().unique() if "probe_steps" in table.columns else []
     for probed in steps:
         notes.append(f"dP_S (P_S quantized - P_S BF16, attention mass on the cache): mean over probes on "
@@ -337,7 +330,7 @@ class Table1:
 
 def table1_gaps(table: pd.DataFrame, correction: str, runs: pd.DataFrame | None = None) -> list[str]:
     """What keeps the table from being complete: TABLE1_ROWS rows (per model) without a run or without their
-    "none" / ``correction`` cell; treated runs (per rotation seed) without their uncorrected twin in ``runs``."""
+    "none" / ``correction`` cell; treated runs (per replicate) without their uncorrected twin in ``runs``."""
     if table.empty:
         return ["every row (no runs)"]
     gaps = []
@@ -353,12 +346,11 @@ def table1_gaps(table: pd.DataFrame, correction: str, runs: pd.DataFrame | None 
             elif lacking:
                 gaps.append(f"{label} ({', '.join(lacking)} run)")
     if runs is not None and not runs.empty:
-        seeds = runs.assign(rotation_seed=runs["rotation_seed"].fillna(-1))
-        baselines = set(map(tuple, seeds.loc[seeds["treatment"] == BASELINE, ["model", "row_id", "rotation_seed"]]
-                            .itertuples(index=False)))
-        for _, run in seeds[(seeds["treatment"] != BASELINE) & (seeds["quantizer"] != "bf16")].iterrows():
-            if (run["model"], run["row_id"], run["rotation_seed"]) not in baselines:
-                seed = "" if run["rotation_seed"] == -1 else f" rotation seed {int(run['rotation_seed'])}"
+        twin = ["model", "row_id", "replicate"]
+        baselines = set(map(tuple, runs.loc[runs["treatment"] == BASELINE, twin].itertuples(index=False)))
+        for _, run in runs[(runs["treatment"] != BASELINE) & (runs["quantizer"] != "bf16")].iterrows():
+            if tuple(run[twin]) not in baselines:
+                seed = f" rotation seed {int(run['rotation_seed'])}" if pd.notna(run["rotation_seed"]) else ""
                 gaps.append(f"{run['model']} {run['quantizer']} INT{run['bits']}{seed}: no uncorrected twin of "
                             f"{run['treatment']} run {run['run_id']}")
     return gaps
