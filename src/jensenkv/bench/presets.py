@@ -2,7 +2,7 @@
 
 ``preset("rtn", **{"quant.bits": 2})`` composes configs/config.yaml with quant=rtn and the overrides,
 then turns the quant node into (key, value) QuantConfigs with the run's own rule
-(``jensenkv.config.CacheSettings.key_value``), so a label such as "rtn" means one quantizer everywhere.
+(``jensenkv.cache.CacheSettings.key_value``), so a label such as "rtn" means one quantizer everywhere.
 """
 from __future__ import annotations
 

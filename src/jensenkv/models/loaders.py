@@ -1,4 +1,4 @@
-"""Loaders for real Wan-family checkpoints (SkyReels-V2, Wan2.1 / Self-Forcing); ``registry`` assembles them.
+"""Loaders for real Wan-family checkpoints (SkyReels-V2, Wan2.1 / Self-Forcing); ``wan.build`` assembles them.
 
 They never touch the network: a local directory (or the Hugging Face cache) is resolved first, and a
 ``MissingWeightsError`` names where the weights were looked for and how to fetch them.
