@@ -141,3 +141,9 @@ def test_resolve_reads_the_geometry_the_checks_need(tmp_path):
     spec = resolve(dataclasses.replace(tree, quant=QuantConfig(bits=2, group_size=32)))
     assert spec.geometry.head_dim == 32 and spec.geometry.kv_heads == 2 and spec.geometry.layers == 2
     assert spec.geometry.tokens_per_chunk == spec.generation.frames_per_chunk * 4 * 4  # 8 x 8 latent, patch 2
+
+
+def test_content_recovery_is_limited_to_the_built_in_model_by_default():
+    """A family provides content recovery only when it says so (the built-in model's prompt grammar)."""
+    assert family("tiny").metric_limits == {}
+    assert all("content" in fam.metric_limits for kind, fam in FAMILIES.items() if kind != "tiny")

@@ -1,12 +1,10 @@
 """The report's one row-building path (``jensenkv.report.rows``): Table 1 and the claims pool replicates the
-same way (every seed field, not only the rotation seed), and the report's modules import each other without a
-cycle and without importing upward."""
+same way (every seed field, not only the rotation seed); the figures do not import the table (tests/test_layering.py
+checks every report import for cycles and upward imports)."""
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +14,6 @@ from jensenkv.report.table1 import build_table1
 
 from test_table1_rows import PROMPTS, SEEDS, write_run  # noqa: E402
 
-REPORT = Path(__file__).resolve().parents[1] / "src" / "jensenkv" / "report"
 DITHER = [QuantConfig(dither="subtractive", dither_seed=s) for s in (0, 1)]
 
 
@@ -70,33 +67,3 @@ def test_importing_the_figures_does_not_import_table1():
             "print(sorted(m for m in sys.modules if m.startswith('jensenkv.report.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "jensenkv.report.figures" in out and "jensenkv.report.table1" not in out
-
-
-def _imports(path: Path) -> set[str]:
-    """Every jensenkv module a report module imports, at module or function level."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-    return {n for n in names if n.startswith("jensenkv")}
-
-
-def test_report_modules_form_no_cycle_and_never_import_upward():
-    graph = {f"jensenkv.report.{p.stem}": _imports(p) for p in REPORT.glob("*.py") if p.stem != "__init__"}
-    upward = {m: sorted(n for n in deps if n.startswith(("jensenkv.run", "jensenkv.doctor", "jensenkv.cli")))
-              for m, deps in graph.items()}
-    assert not any(upward.values()), upward
-    done: set[str] = set()
-
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
-        if module in done or module not in graph:
-            return
-        for dep in graph[module]:
-            visit(dep, (*path, module))
-        done.add(module)
-
-    for module in graph:
-        visit(module, ())

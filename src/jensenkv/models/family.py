@@ -14,9 +14,10 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
-from jensenkv.checks import fail
+from jensenkv.checks import check_choice, check_int, fail
+from jensenkv.quant.config import FLOAT_DTYPES
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,24 @@ class Download:
     patterns: tuple[str, ...] = ()  # hf-snapshot: the files of the repo it needs (empty: all)
 
 
+@dataclass
+class CheckpointNode:
+    """The fields every family with a real checkpoint reads (one declaration, so they agree by construction)."""
+
+    path: Optional[str] = None         # a local folder, or a Hub id already in the Hugging Face cache
+    cache_dir: Optional[str] = None    # the Hugging Face cache (null: HF_HUB_CACHE)
+    height: Optional[int] = None       # pixels
+    width: Optional[int] = None
+    fps: Optional[int] = None
+    vae_dtype: Optional[str] = None    # null: model.dtype
+
+    @staticmethod
+    def check(model: Any) -> None:
+        if model.vae_dtype is not None:
+            check_choice("model.vae_dtype", model.vae_dtype, tuple(FLOAT_DTYPES))
+        check_int("model.fps", model.fps, 1, optional=True)
+
+
 class ModelFamily:
     """Base of a family: the defaults every family may keep. Subclasses set the class attributes."""
 
@@ -48,7 +67,9 @@ class ModelFamily:
     node: ClassVar[type]                                 # dataclass of the model.* fields it reads
     packages: ClassVar[tuple[tuple[str, str], ...]] = ()  # (module, pip requirement) its code imports
     refused_backends: ClassVar[Mapping[str, str]] = {}   # attention backends it cannot use, with the reason
-    metric_limits: ClassVar[Mapping[str, str]] = {}      # metrics it cannot provide, with the reason
+    # metrics it cannot provide, with the reason; content recovery needs the built-in model's prompt grammar
+    metric_limits: ClassVar[Mapping[str, str]] = {
+        "content": "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"}
     threads: ClassVar[int | None] = None                 # torch threads when `threads` is null (None: cores shared)
 
     @classmethod

@@ -7,26 +7,19 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jensenkv.checks import check_choice, check_int, fail
-from jensenkv.models.family import Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
+from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
 from jensenkv.models.magi.config import PRESET_VARIANTS, PRESETS, SPATIAL_DOWNSAMPLE, MagiModelConfig, model_preset
-from jensenkv.quant.config import FLOAT_DTYPES
 
 SPECIAL_TOKENS_URL = "https://raw.githubusercontent.com/SandAI-org/MAGI-1/main/example/assets/special_tokens.npz"
 
 
 @dataclass
-class MagiNode:
+class MagiNode(CheckpointNode):
     """kind "magi": MAGI-1 (jensenkv.models.magi, docs/MAGI1.md): ``preset`` tiny (seeded random, no weights) or
     4.5B / 4.5B_distill / 24B / 24B_distill, loaded from the official files of sand-ai/MAGI-1 at ``path``."""
 
     preset: Optional[str] = None       # tiny | 4.5B | 4.5B_distill | 24B | 24B_distill
     variant: Optional[str] = None      # checkpoint folder under ckpt/magi/ (null: the preset's)
-    path: Optional[str] = None
-    cache_dir: Optional[str] = None
-    height: Optional[int] = None
-    width: Optional[int] = None
-    fps: Optional[int] = None
-    vae_dtype: Optional[str] = None
     t5_path: Optional[str] = None      # T5 folder (null: <path>/ckpt/t5/t5-v1_1-xxl)
     vae_path: Optional[str] = None     # ViT VAE folder (null: <path>/ckpt/vae)
     vae_latent_scale: Optional[float] = None
@@ -44,16 +37,13 @@ class MagiFamily(ModelFamily):
     packages = (("transformers", "transformers"), ("safetensors", "safetensors"))
     refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
                                   "form the Triton kernel reads; use cached, reference or flex"}
-    metric_limits = {"content": "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"}
 
     def check(self, model: Any) -> None:
-        if model.vae_dtype is not None:
-            check_choice("model.vae_dtype", model.vae_dtype, tuple(FLOAT_DTYPES))
+        CheckpointNode.check(model)
         if model.preset is None:
             fail("model.preset", None, "kind=magi needs a preset: tiny, 4.5B, 4.5B_distill, 24B or 24B_distill")
         check_choice("model.preset", model.preset, tuple(PRESETS))
         self.architecture(model)
-        check_int("model.fps", model.fps, 1, optional=True)
         for key in ("latent_height", "latent_width"):
             check_int(f"model.{key}", getattr(model, key), 1, optional=True)
         check_int("model.seed", model.seed, 0, optional=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jensenkv.models.family import Geometry, ModelFamily, file_digest
+from jensenkv.models.wan.family import transformer_geometry
 from jensenkv.models.tiny.paths import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE
 
 
@@ -24,6 +25,7 @@ class TinyFamily(ModelFamily):
     # its ops are too small to split (README run on 2 shared cores: 128 s with torch's default of 2 threads,
     # 38 s with 1)
     threads = 1
+    metric_limits = {}  # its videos follow the prompt grammar content recovery reads
 
     @staticmethod
     def folder(model: Any) -> Path:
@@ -33,13 +35,8 @@ class TinyFamily(ModelFamily):
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         try:
             stored = json.loads((self.folder(model) / CONFIG_FILE).read_text())
-            transformer, data = stored["transformer"], stored["data"]
-            _, p_h, p_w = transformer["patch_size"]
-            heads = int(transformer["num_attention_heads"])
-            return Geometry(head_dim=int(transformer["attention_head_dim"]), heads=heads, kv_heads=heads,
-                            layers=int(transformer["num_layers"]),  # pixel space: no VAE downsampling
-                            tokens_per_chunk=generation.frames_per_chunk * (int(data["height"]) // p_h)
-                            * (int(data["width"]) // p_w))
+            data = stored["data"]  # pixel space: no VAE downsampling
+            return transformer_geometry(stored["transformer"], generation.frames_per_chunk, data["height"], data["width"])
         except (OSError, KeyError, ValueError, TypeError):  # unreadable or absent: check_weights reports it
             return None
 

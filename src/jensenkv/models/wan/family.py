@@ -6,52 +6,53 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Optional
 
-from jensenkv.checks import check_choice, check_int, fail
-from jensenkv.models.family import Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
-from jensenkv.quant.config import FLOAT_DTYPES
+from jensenkv.checks import check_int, fail
+from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
 
 VAE_SCALE = 8  # Wan VAE: 8x spatial downsampling
 # Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
 CHECKPOINT_SOURCES = {"self_forcing_dmd.pt": ("gdhe17/Self-Forcing", "checkpoints/self_forcing_dmd.pt")}
 
 
+def transformer_geometry(transformer: Mapping[str, Any], frames_per_chunk: int, height: int, width: int) -> Geometry:
+    """The geometry of a diffusers Wan / SkyReels-V2 transformer config (its config.json) on latent frames of
+    height x width (the built-in model's transformer too: its frames are pixels)."""
+    _, p_h, p_w = transformer["patch_size"]
+    heads = int(transformer["num_attention_heads"])
+    return Geometry(head_dim=int(transformer["attention_head_dim"]), heads=heads, kv_heads=heads,
+                    layers=int(transformer["num_layers"]),
+                    tokens_per_chunk=frames_per_chunk * (int(height) // p_h) * (int(width) // p_w))
+
+
 @dataclass
-class WanNode:
+class WanNode(CheckpointNode):
     """kind "diffusers": a SkyReels-V2 / Wan checkpoint in diffusers layout at ``path`` (a local folder or a Hub
     id already in the Hugging Face cache; never downloaded at run time); ``transformer_checkpoint``
     optionally replaces the transformer weights with an original-format Wan state dict."""
 
     transformer_class: Optional[str] = None  # SkyReelsV2Transformer3DModel | WanTransformer3DModel
-    path: Optional[str] = None
-    cache_dir: Optional[str] = None
-    height: Optional[int] = None
-    width: Optional[int] = None
     max_sequence_length: Optional[int] = None
     transformer_subfolder: Optional[str] = None
     transformer_checkpoint: Optional[str] = None
-    checkpoint_key: Optional[str] = None
-    fps: Optional[int] = None          # only read by checkpoints with inject_sample_info
-    vae_dtype: Optional[str] = None
+    checkpoint_key: Optional[str] = None   # fps: only read by checkpoints with inject_sample_info
 
 
 class WanFamily(ModelFamily):
     kind = "diffusers"
     node = WanNode
     packages = (("diffusers", "diffusers"), ("transformers", "transformers"))
-    metric_limits = {"content": "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"}
 
     def check(self, model: Any) -> None:
-        if model.vae_dtype is not None:
-            check_choice("model.vae_dtype", model.vae_dtype, tuple(FLOAT_DTYPES))
+        CheckpointNode.check(model)
         for key in ("transformer_class", "path", "height", "width"):
             if getattr(model, key) is None:
                 fail(f"model.{key}", None, "kind=diffusers needs transformer_class, path, height and width")
         for key in ("height", "width"):
             check_int(f"model.{key}", getattr(model, key), 8)
         check_int("model.max_sequence_length", model.max_sequence_length, 1, optional=True)
-        check_int("model.fps", model.fps, 1, optional=True)
 
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         local = local_model_dir(model.path, model.cache_dir)
@@ -60,12 +61,8 @@ class WanFamily(ModelFamily):
         try:
             sub = local / (model.transformer_subfolder or "transformer")
             transformer = json.loads((sub / "config.json").read_text())
-            _, p_h, p_w = transformer["patch_size"]
-            heads = int(transformer["num_attention_heads"])
-            return Geometry(head_dim=int(transformer["attention_head_dim"]), heads=heads, kv_heads=heads,
-                            layers=int(transformer["num_layers"]),
-                            tokens_per_chunk=generation.frames_per_chunk * (int(model.height) // VAE_SCALE // p_h)
-                            * (int(model.width) // VAE_SCALE // p_w))
+            return transformer_geometry(transformer, generation.frames_per_chunk, int(model.height) // VAE_SCALE,
+                                        int(model.width) // VAE_SCALE)
         except (OSError, KeyError, ValueError, TypeError):  # unreadable: check_weights reports it
             return None
 
