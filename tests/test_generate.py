@@ -150,7 +150,8 @@ def test_bfloat16_model_runs_end_to_end(make_adapter, int2_cache):
 # --- MAGI-1's pipelined staircase (window_size chunks in flight) ---------------------------------------------
 
 def sequential_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
-    """One chunk at a time, written out with the one-chunk ``denoise``: (1, C, F_total, H, W) clean latents."""
+    """One chunk at a time, written out with one forward per step for both CFG branches (as the generator
+    runs them): (1, C, F_total, H, W) clean latents."""
     branches = ("cond", "uncond") if cfg.use_cfg else ("cond",)
     adapter.reset()
     adapter.set_prompt(prompt, cfg.negative_prompt if cfg.use_cfg else None)
@@ -162,15 +163,14 @@ def sequential_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg:
         x = torch.randn(shape, generator=gen)
         for step in range(cfg.steps):
             t, t_next = sigmas[step], sigmas[step + 1]
-            v = {b: adapter.denoise(x, t, c, b, step=step, kv_range=cfg.kv_range_at(step)) for b in branches}
+            v = adapter.denoise_branches(x, [t], c, branches, steps=[step], kv_ranges=[cfg.kv_range_at(step)])
             vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
             if cfg.sampler == "euler":
                 x = x + (t_next - t) * vel
             else:
                 x0 = x - t * vel
                 x = x0 if t_next == 0 else (1 - t_next) * x0 + t_next * torch.randn(shape, generator=gen)
-        for b in branches:
-            adapter.commit(x, c, b, kv_range=cfg.commit_kv_range)
+        adapter.commit_branches(x, c, branches, kv_range=cfg.commit_kv_range)
         chunks.append(x)
     return torch.cat(chunks, dim=2)
 

@@ -27,15 +27,15 @@ def weights(tmp_path_factory):
 
 @pytest.fixture
 def count_generations(monkeypatch):
-    """Count calls of the real generator (it still runs)."""
+    """Count the videos the real generator makes (it still runs): one entry per video of each batch."""
     calls: list[str] = []
-    real = jensenkv.generate.generate_video
+    real = jensenkv.generate.generate_videos
 
-    def counting(adapter, prompt, *args, **kwargs):
-        calls.append(prompt)
-        return real(adapter, prompt, *args, **kwargs)
+    def counting(adapter, prompts, *args, **kwargs):
+        calls.extend(prompts)
+        return real(adapter, prompts, *args, **kwargs)
 
-    monkeypatch.setattr(jensenkv.generate, "generate_video", counting)
+    monkeypatch.setattr(jensenkv.generate, "generate_videos", counting)
     return calls
 
 
@@ -136,26 +136,30 @@ def test_rerunning_a_finished_run_is_a_no_op(tmp_path, weights, monkeypatch):
     assert _tree(tmp_path) == before
 
 
-def test_an_interrupted_run_resumes_at_the_first_unfinished_prompt(tmp_path, weights, monkeypatch,
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_an_interrupted_run_resumes_at_the_first_unfinished_prompt(batch, tmp_path, weights, monkeypatch,
                                                                    count_generations):
-    overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2")
-    real = Runner.prompt_result
+    """Killed while scoring the second video: the first one's result stays, and the rerun makes only the
+    second (its reference and its video), alone or in a batch of two."""
+    overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2", f"generation.batch_size={batch}")
+    real = Runner.score
 
-    def die_on_second(self, index, prompt, seed):
+    def die_on_second(self, index, *args):
         if index == 1:
             raise KeyboardInterrupt
-        return real(self, index, prompt, seed)
+        return real(self, index, *args)
 
-    monkeypatch.setattr(Runner, "prompt_result", die_on_second)
+    monkeypatch.setattr(Runner, "score", die_on_second)
     with pytest.raises(KeyboardInterrupt):
         run_overrides(overrides)
     spec = build_spec(compose_config(overrides))
     store = ResultsStore(tmp_path)
     assert not store.has_record(spec.run_id) and store.prompt_result_path(spec.run_id, 0).exists()
-    assert len(count_generations) == 2  # reference + video of prompt 0
-    monkeypatch.setattr(Runner, "prompt_result", real)
+    made = len(count_generations)
+    assert made == 4  # both references and both videos: the kill came after the generation
+    monkeypatch.setattr(Runner, "score", real)
     record = run_overrides(overrides)
-    assert len(count_generations) == 4  # prompt 1 only: reference + video
+    assert len(count_generations) == made + 1  # prompt 1's video only (its reference is stored)
     assert [p["index"] for p in record["per_prompt"]] == [0, 1]
     assert [p["prompt"] for p in record["per_prompt"]] == list(spec.prompts)
 

@@ -1,7 +1,10 @@
 """Chunked KV cache for one attention layer: quantize-on-commit, sinks, sliding window, byte accounting.
 
 Each committed chunk is quantized exactly once (keys and values by separate quantizers; values
-may stay full precision with method "none") and never re-quantized. The first `sink_chunks`
+may stay full precision with method "none") and never re-quantized. A cache of a batch of videos
+(B > 1) quantizes each video with its own pair of quantizers, so no statistic, dither draw or k-means
+state mixes videos, and stacks the stored forms (``quant.samples``): each video is stored exactly as
+it would be alone. The first `sink_chunks`
 chunks are kept in full precision (each config's `store_dtype`) and stay visible forever; of the
 other chunks only the last `window_chunks` are kept, and a chunk that leaves the window is
 dropped (its storage freed). `segments()` returns the visible chunks, oldest first, as lazy views.
@@ -28,6 +31,7 @@ from jensenkv.checks import check_choice, check_int
 from jensenkv.correction import GroupSteps
 from jensenkv.quant import QuantConfig, QuantizedTensor, make_quantizer
 from jensenkv.quant.config import FLOAT_DTYPES
+from jensenkv.quant.samples import stack_samples
 from jensenkv.quant.tensors import FullPrecisionTensor
 
 BF16_BYTES = 2
@@ -196,6 +200,7 @@ class ChunkedKVCache:
         self.head_dim = head_dim
         self.key_quantizer = make_quantizer(cfg.key, head_dim)  # validates cfg.key against head_dim
         self.value_quantizer = make_quantizer(cfg.value, head_dim)
+        self._per_video: list[tuple[Any, Any]] = []  # batch > 1: each video's own (key, value) quantizers
         self._chunks: list[_StoredChunk] = []
         self.num_committed = 0
         self._batch_heads: tuple[int, int] | None = None
@@ -229,12 +234,23 @@ class ChunkedKVCache:
             k_stored = FullPrecisionTensor(k, self.cfg.key.torch_store_dtype)
             v_stored = FullPrecisionTensor(v, self.cfg.value.torch_store_dtype)
         else:
-            k_stored, v_stored = self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
+            k_stored, v_stored = self._quantize(k, v)
         chunk = _StoredChunk(index, is_sink, k_stored, v_stored, num_tokens=k.shape[2])
         if self.cfg.keep_reference:
             chunk.k_ref, chunk.v_ref = k.detach().clone(), v.detach().clone()
         self._chunks.append(chunk)
         self._evict()
+
+    def _quantize(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QuantizedTensor, QuantizedTensor]:
+        """(B, H, S, D) each -> stored forms; a batch is quantized video by video, then stacked."""
+        if k.shape[0] == 1:
+            return self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
+        while len(self._per_video) < k.shape[0]:
+            self._per_video.append((make_quantizer(self.cfg.key, self.head_dim),
+                                    make_quantizer(self.cfg.value, self.head_dim)))
+        keys, values = zip(*((kq.quantize(k[i:i + 1]), vq.quantize(v[i:i + 1]))
+                             for i, (kq, vq) in enumerate(self._per_video[:k.shape[0]])))
+        return stack_samples(list(keys)), stack_samples(list(values))
 
     def _evict(self) -> None:
         """Drop the non-sink chunks that left the window (frees their storage)."""
@@ -279,6 +295,7 @@ class ChunkedKVCache:
         self._chunks = []
         self.num_committed = 0
         self._batch_heads = None
+        self._per_video = []  # fresh quantizers for the next batch's videos
         for quantizer in (self.key_quantizer, self.value_quantizer):
             if hasattr(quantizer, "reset"):
                 quantizer.reset()

@@ -195,7 +195,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
         "identity": calibration_identity(spec),
         "calibration": {"prompts": list(spec.prompts), "seeds": list(spec.eval.seeds),
                         "probe_steps": spec.attention.probe_steps, "videos": len(jobs),
-                        "generation": dataclasses.asdict(spec.generation),
+                        "generation": spec.generation.sampling(),
                         "strength_during_generation": spec.attention.strength,
                         "backend": spec.attention.backend,
                         "values": dataclasses.asdict(spec.value),

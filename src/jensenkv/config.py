@@ -67,6 +67,7 @@ class RunConfig:
         check_int("threads", self.threads, 1, optional=True)
         own = family(self.model.kind)
         own.check_generation(self.generation)
+        own.check_batch(self.generation)
         own.check_backend(self.attention.backend)
         self.key, self.value = self.cache.key_value(self.quant)  # the checks that need the head dim: resolve
         if self.is_reference:  # nothing quantized: nothing to correct

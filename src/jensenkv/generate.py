@@ -15,6 +15,8 @@ committed then, before the next tick. window_size = 1 is the plain one-chunk-at-
 The loop is model-agnostic: an adapter (see ``jensenkv.models.wan.ChunkwiseAdapter``) provides
 ``reset``, ``set_prompt``, ``denoise_window``, ``commit``, ``decode``, ``latent_frame_shape`` and
 ``clean_range``; the schedule is the adapter's ``generation`` config unless the caller passes another.
+``generate_videos`` runs a batch of videos in lock step where the adapter has ``set_prompts`` (and, with
+``batches_branches``, the CFG branches in the same forward), each video exactly what it is alone.
 """
 from __future__ import annotations
 
@@ -62,8 +64,9 @@ class GenerationResult:
     video: torch.Tensor                 # (F, C, H, W) float32 in [0, 1], decoded
     latents: torch.Tensor               # (1, C, F_latent, H_latent, W_latent) float32, the clean chunks
     probes: list[dict] | None           # one dict per (layer, step, chunk, branch) when probes are on
-    timings: dict[str, Any] = field(default_factory=dict)  # total_s, quantize_s (None: untimed), decode_s, per_chunk_s
-    # per_chunk_s: seconds from the previous commit (or the start) to each chunk's commit
+    # total_s, quantize_s (None: untimed), decode_s, per_chunk_s, batch_size: seconds per video, the batch's
+    # time shared equally; per_chunk_s: from the previous commit (or the start) to each chunk's commit
+    timings: dict[str, Any] = field(default_factory=dict)
 
 
 def _sync(device: torch.device) -> None:
@@ -72,38 +75,87 @@ def _sync(device: torch.device) -> None:
 
 
 def sampler_step(x: torch.Tensor, velocity: torch.Tensor, t: float, t_next: float, sampler: str,
-                 generator: torch.Generator) -> torch.Tensor:
-    """One step from flow time t to t_next; x, velocity (1, C, F, H, W).
+                 generators: torch.Generator | Sequence[torch.Generator]) -> torch.Tensor:
+    """One step from flow time t to t_next; x, velocity (B, C, F, H, W).
 
-    "euler": x + (t_next - t) v. "x0_renoise": predict x0 = x - t v, re-noise it to t_next with fresh noise
-    drawn from ``generator`` (CPU) unless t_next = 0.
+    "euler": x + (t_next - t) v. "x0_renoise": predict x0 = x - t v, re-noise it to t_next with fresh noise,
+    video b's drawn from its own CPU generator ``generators[b]`` (one generator: B = 1), unless t_next = 0.
     """
     if sampler == "euler":
         return x + (t_next - t) * velocity
     x0 = x - t * velocity
     if t_next == 0:
         return x0
-    return (1 - t_next) * x0 + t_next * torch.randn(x.shape, generator=generator).to(x.device)
+    gens = [generators] if isinstance(generators, torch.Generator) else list(generators)
+    noise = torch.cat([torch.randn((1, *x.shape[1:]), generator=g) for g in gens]).to(x.device)  # (B, C, F, H, W)
+    return (1 - t_next) * x0 + t_next * noise
 
 
 @torch.no_grad()
 def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
                    config: GenerationConfig | None = None) -> GenerationResult:
-    """Generate one video chunk by chunk; the same seed and config give the same video bit for bit on CPU.
+    """Generate one video chunk by chunk; the same seed and config give the same video bit for bit on CPU."""
+    return generate_videos(adapter, [prompt], [seed], config)[0]
 
-    Noise comes from a CPU generator seeded with ``seed``: one (1, C, F, H, W) draw per chunk as it enters
-    the window, plus, for "x0_renoise", one per re-noising step of each in-flight chunk (oldest first), so
-    results do not depend on the device's RNG.
+
+def _denoise(adapter: Any, x: torch.Tensor, t: list[float], first: int, branches: tuple[str, ...],
+             steps: list[int], kv_ranges: list[int | None]) -> dict[str, torch.Tensor]:
+    """branch -> velocity (B, C, n*F, H, W): one forward for every branch where the adapter can, else one each."""
+    if len(branches) > 1 and getattr(adapter, "batches_branches", False):
+        return adapter.denoise_branches(x, t, first, branches, steps=steps, kv_ranges=kv_ranges)
+    return {b: adapter.denoise_window(x, t, first, b, steps=steps, kv_ranges=kv_ranges) for b in branches}
+
+
+def _commit(adapter: Any, clean: torch.Tensor, index: int, branches: tuple[str, ...], kv_range: int | None) -> None:
+    if len(branches) > 1 and getattr(adapter, "batches_branches", False):
+        adapter.commit_branches(clean, index, branches, kv_range=kv_range)
+        return
+    for b in branches:
+        adapter.commit(clean, index, b, kv_range=kv_range)
+
+
+def _per_video_probes(records: list[dict] | None, batch: int) -> list[list[dict] | None]:
+    """The adapter's probe records split by video (their ``sample`` key, dropped); None: probes off."""
+    if records is None:
+        return [None] * batch
+    out: list[list[dict]] = [[] for _ in range(batch)]
+    for record in records:
+        record = dict(record)
+        out[record.pop("sample", 0)].append(record)
+    return out
+
+
+@torch.no_grad()
+def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequence[int],
+                    config: GenerationConfig | None = None) -> list[GenerationResult]:
+    """Generate a batch of videos, one per (prompt, seed), in lock step: one forward per tick for all of them.
+
+    Each video is what ``generate_video`` makes of it alone: its noise comes from a CPU generator seeded
+    with its own seed, one (1, C, F, H, W) draw per chunk as it enters the window, plus, for "x0_renoise",
+    one per re-noising step of each in-flight chunk (oldest first), so results depend neither on the
+    device's RNG nor on the batch; its cache is its own (quantized per video, ``jensenkv.cache``); its
+    probes are computed on it alone. The adapter runs a batch of B > 1 only if it has ``set_prompts``.
     """
     cfg = config if config is not None else adapter.generation
     cfg.validate()
+    prompts, seeds = list(prompts), [int(s) for s in seeds]
+    if not prompts or len(prompts) != len(seeds):
+        raise ValueError(f"prompts ({len(prompts)}) and seeds ({len(seeds)}) must be equally many and at least one")
+    batch = len(prompts)
     branches = ("cond", "uncond") if cfg.use_cfg else ("cond",)
+    negative = cfg.negative_prompt if cfg.use_cfg else None
     adapter.reset()
-    adapter.set_prompt(prompt, cfg.negative_prompt if cfg.use_cfg else None)
+    if batch == 1:
+        adapter.set_prompt(prompts[0], negative)
+    elif hasattr(adapter, "set_prompts"):
+        adapter.set_prompts(prompts, negative)
+    else:
+        raise ValueError(f"a batch of {batch} videos is not allowed for {type(adapter).__name__}: it generates "
+                         "one video at a time (generation.batch_size=1)")
     # an adapter with its own time schedule (MAGI-1: linspace^2 then shift) provides the noise levels
     noise_levels = getattr(adapter, "noise_levels", None)
     sigmas = (noise_levels(cfg) if noise_levels is not None else flow_sigmas(cfg.steps, cfg.shift)).tolist()
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     c, h, w = adapter.latent_frame_shape
     frames = cfg.frames_per_chunk
     shape = (1, c, frames, h, w)
@@ -114,43 +166,45 @@ def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
     _sync(device)
     start = time.perf_counter()
     last_commit = start
-    in_flight: dict[int, torch.Tensor] = {}  # chunk index -> its latent (1, C, F, H, W), oldest first
+    in_flight: dict[int, torch.Tensor] = {}  # chunk index -> its latents (B, C, F, H, W), oldest first
     chunks, per_chunk = [], []
     for tick in range(num_ticks):
-        if tick % lag == 0 and tick // lag < cfg.num_chunks:
-            in_flight[tick // lag] = torch.randn(shape, generator=gen).to(device)  # pure noise at t = 1
+        if tick % lag == 0 and tick // lag < cfg.num_chunks:  # pure noise at t = 1, each video from its own seed
+            in_flight[tick // lag] = torch.cat([torch.randn(shape, generator=g) for g in gens]).to(device)
         window = list(in_flight)  # consecutive chunk indices, oldest first
         steps = [tick - i * lag for i in window]  # the oldest is the furthest along
         t = [sigmas[s] for s in steps]
-        x = torch.cat([in_flight[i] for i in window], dim=2)  # (1, C, n*F, H, W)
+        x = torch.cat([in_flight[i] for i in window], dim=2)  # (B, C, n*F, H, W)
         kv_ranges = [cfg.kv_range_at(s) for s in steps]
-        v = {b: adapter.denoise_window(x, t, window[0], b, steps=steps, kv_ranges=kv_ranges) for b in branches}
+        v = _denoise(adapter, x, t, window[0], branches, steps, kv_ranges)
         vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
         for j, i in enumerate(window):
-            chunk_vel = vel[:, :, j * frames:(j + 1) * frames]  # (1, C, F, H, W)
-            in_flight[i] = sampler_step(in_flight[i], chunk_vel, t[j], sigmas[steps[j] + 1], cfg.sampler, gen)
+            chunk_vel = vel[:, :, j * frames:(j + 1) * frames]  # (B, C, F, H, W)
+            in_flight[i] = sampler_step(in_flight[i], chunk_vel, t[j], sigmas[steps[j] + 1], cfg.sampler, gens)
         if steps[0] == cfg.steps - 1:  # the oldest chunk is clean: commit it, it leaves the window
             clean = in_flight.pop(window[0])
             if adapter.clean_range is not None:
                 clean = clean.clamp(*adapter.clean_range)
-            for b in branches:
-                adapter.commit(clean, window[0], b, kv_range=cfg.commit_kv_range)
+            _commit(adapter, clean, window[0], branches, cfg.commit_kv_range)
             chunks.append(clean.float())
             _sync(device)
             now = time.perf_counter()
-            per_chunk.append(now - last_commit)
+            per_chunk.append((now - last_commit) / batch)
             last_commit = now
 
-    latents = torch.cat(chunks, dim=2)  # (1, C, F_total, H, W)
+    latents = torch.cat(chunks, dim=2)  # (B, C, F_total, H, W)
     decode_start = time.perf_counter()
-    video = adapter.decode(latents)  # (F, C, H, W) in [0, 1]
+    videos = [adapter.decode(latents[b:b + 1]) for b in range(batch)]  # (F, C, H, W) in [0, 1] each
     _sync(device)
     end = time.perf_counter()
+    # seconds per video: the batch's time shared out equally (the videos ran in lock step)
     timings = {
-        "total_s": end - start,
-        "quantize_s": adapter.quantize_seconds,
-        "decode_s": end - decode_start,
+        "total_s": (end - start) / batch,
+        "quantize_s": None if adapter.quantize_seconds is None else adapter.quantize_seconds / batch,
+        "decode_s": (end - decode_start) / batch,
         "per_chunk_s": per_chunk,
+        "batch_size": batch,
     }
-    return GenerationResult(video=video.float().cpu(), latents=latents.cpu(), probes=adapter.probes(),
-                            timings=timings)
+    probes = _per_video_probes(adapter.probes(), batch)
+    return [GenerationResult(video=videos[b].float().cpu(), latents=latents[b:b + 1].cpu(), probes=probes[b],
+                             timings=dict(timings)) for b in range(batch)]

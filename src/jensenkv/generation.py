@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from jensenkv.checks import check_choice, check_finite, check_int, fail
+from jensenkv.checks import check_choice, check_finite, check_int, fail, is_int
 
 SAMPLERS = ("euler", "x0_renoise")
 T_SCHEDULES = ("sd3", "square", "identity")  # MAGI-1 time schedules
@@ -95,6 +95,10 @@ class GenerationConfig:
     sampler: "euler" (x <- x + (t_next - t) v) or "x0_renoise" (predict x0, re-noise to t_next with
         fresh noise; the few-step consistency / DMD sampler of Self-Forcing).
     guidance_scale: classifier-free guidance; 1.0 disables it (and the "uncond" caches).
+    batch_size: videos generated together in one forward per step, each exactly what it is alone (its own
+        noise, cache and probes): an integer >= 1, or "auto" (the model family's choice for the device:
+        ``ModelFamily.auto_batch_size``). A batch larger than the run's videos is clipped to them. It changes
+        no video, so run ids leave it out (``sampling``).
     """
 
     num_chunks: int = 4
@@ -108,6 +112,7 @@ class GenerationConfig:
     negative_prompt: str = ""
     window_size: int = 1
     magi: Optional[MagiScheduleConfig] = None  # MAGI-1's refresh pass, 3-way / distilled guidance, time schedule
+    batch_size: Any = "auto"  # int >= 1 or "auto"; how the videos are run, not what they are
 
     def __post_init__(self) -> None:
         if isinstance(self.magi, dict):
@@ -130,10 +135,21 @@ class GenerationConfig:
         check_kv_range(self.commit_kv_range, "generation.commit_kv_range")
         if not isinstance(self.negative_prompt, str):
             fail("generation.negative_prompt", self.negative_prompt, "must be a string")
+        if self.batch_size != "auto" and not (is_int(self.batch_size) and self.batch_size >= 1):
+            fail("generation.batch_size", self.batch_size, 'use "auto" or an integer >= 1 (videos per forward)')
 
     def validate(self) -> None:
         """Re-check after a field was changed in place (construction already checks)."""
         self.__post_init__()
+
+    EXECUTION_FIELDS = ("batch_size",)  # how the videos are run: no video depends on them
+
+    def sampling(self) -> dict[str, Any]:
+        """The fields that decide the videos (what run ids and calibration files record)."""
+        values = dataclasses.asdict(self)
+        for name in self.EXECUTION_FIELDS:
+            values.pop(name)
+        return values
 
     @property
     def use_cfg(self) -> bool:

@@ -71,6 +71,8 @@ class ModelFamily:
     metric_limits: ClassVar[Mapping[str, str]] = {
         "content": "content recovery reads the built-in model's procedural videos only (model.kind=tiny)"}
     threads: ClassVar[int | None] = None                 # torch threads when `threads` is null (None: cores shared)
+    batches: ClassVar[bool] = True                       # its adapter runs several videos per forward
+    cpu_batch_size: ClassVar[int] = 1                    # generation.batch_size=auto on a CPU (measured, README)
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -92,6 +94,25 @@ class ModelFamily:
         if generation.magi is not None:
             fail("generation.magi", generation.magi,
                  "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null")
+
+    def check_batch(self, generation: Any) -> None:
+        """A family that generates one video at a time refuses generation.batch_size > 1."""
+        if not self.batches and generation.batch_size not in ("auto", 1):
+            fail("generation.batch_size", generation.batch_size,
+                 f"model.kind={self.kind} generates one video at a time: use 1 or auto")
+
+    def auto_batch_size(self, spec: Any, device: Any) -> int:
+        """generation.batch_size=auto: 1 where the family cannot batch; on a CPU its measured default; on a GPU
+        as many videos as the free memory holds by ``video_bytes`` (after the model is loaded)."""
+        import torch
+
+        if not self.batches:
+            return 1
+        device = torch.device(device or "cpu")
+        if device.type != "cuda" or spec.geometry is None:
+            return self.cpu_batch_size
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(1, min(GPU_MAX_BATCH, int(GPU_MEMORY_SHARE * free // video_bytes(spec))))
 
     def check_backend(self, backend: str) -> None:
         """Every registered backend (jensenkv.attention.ATTENTION_BACKENDS) but the refused ones."""
@@ -124,6 +145,29 @@ class ModelFamily:
         """The chunk-wise adapter (jensenkv.generate.ChunkwiseModel) of ``model`` with that cache,
         attention settings and sampler."""
         raise NotImplementedError
+
+
+GPU_MEMORY_SHARE = 0.8  # of the free memory after loading the model: the rest is the allocator's slack
+GPU_MAX_BATCH = 64      # beyond this a forward is long enough: more videos only delay the first result
+ACTIVATION_COPIES = 24  # live (tokens, hidden) float32 tensors of one block's forward (attention + 4x FFN)
+SCORE_COPIES = 3        # live (heads, queries, keys) float32 score tiles of a cached attention call
+
+
+def video_bytes(spec: Any) -> int:
+    """GPU memory one video of a batch adds (the "auto" batch's model, README GPU-memory table): its caches
+    in every branch and layer (full precision, the worst case; twice with the probes' reference copies),
+    one block's activations over the tokens in flight, and the cached attention's score tiles."""
+    g, gen = spec.geometry, spec.generation
+    branches = 2 if gen.use_cfg else 1
+    element = 4 if spec.cache.full_precision_dtype == "float32" else 2
+    tokens_cached = g.tokens_per_chunk * gen.num_chunks
+    cache = 2 * g.layers * g.kv_heads * g.head_dim * tokens_cached * element * branches
+    if spec.attention.probes:
+        cache *= 2
+    in_flight = g.tokens_per_chunk * gen.window_size * branches
+    activations = ACTIVATION_COPIES * in_flight * g.heads * g.head_dim * 4
+    scores = SCORE_COPIES * g.heads * in_flight * (tokens_cached + in_flight) * 4
+    return cache + activations + scores
 
 
 def file_digest(path: Path) -> str | None:

@@ -20,13 +20,20 @@ class DitherDraw:
 
     seed: int
     counter: int
+    # videos stacked along the batch axis (``quant.samples``): each one's offsets are the draw it made alone
+    samples: int = 1
 
     @property
     def nbytes(self) -> int:
-        return DRAW_NBYTES
+        return DRAW_NBYTES * self.samples  # each video keeps its own (seed, counter)
 
     def offsets(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
-        """(shape) float32 offsets in [-1/2, 1/2); drawn on the CPU, so identical on every device."""
+        """(shape) float32 offsets in [-1/2, 1/2); drawn on the CPU, so identical on every device. With
+        ``samples`` > 1, shape[0] splits into that many videos that each get the draw of shape[0] / samples."""
         state = np.random.SeedSequence([self.seed, self.counter]).generate_state(1, dtype=np.uint64)[0]
         gen = torch.Generator().manual_seed(int(state) >> 1)  # manual_seed takes a signed 64-bit value
-        return (torch.rand(shape, generator=gen) - 0.5).to(device)
+        own = (shape[0] // self.samples, *shape[1:]) if self.samples > 1 else tuple(shape)
+        draw = torch.rand(own, generator=gen) - 0.5
+        if self.samples > 1:
+            draw = draw.repeat(self.samples, *([1] * (len(shape) - 1)))
+        return draw.to(device)

@@ -25,6 +25,10 @@ class NonFiniteVideoError(ValueError):
     """A generated video holds NaN or inf (e.g. broken weights): never scored, never recorded."""
 
 
+class BatchMemoryError(ValueError):
+    """A batch of videos ran out of device memory: a smaller generation.batch_size fits."""
+
+
 class WeightsFileError(ValueError):
     """A weights file exists but cannot be read (truncated, garbled, empty)."""
 
@@ -160,41 +164,64 @@ class Runner:
                                        "(`make fetch-weights`, `make train-tiny`)") from None
         return self._adapter
 
-    def reference(self, prompt: str, seed: int) -> tuple[str, Any]:
-        """(ref id, (F, C, H, W) uint8 video): loaded from results/refs/ or generated once and stored."""
+    def batch_size(self, videos: int) -> int:
+        """Videos per batch: generation.batch_size, or the family's choice for the device ("auto"), clipped to
+        the run's videos."""
+        size = self.spec.generation.batch_size
+        if size == "auto":
+            size = family(self.spec.model.kind).auto_batch_size(self.spec, self.spec.model.device)
+        return max(1, min(int(size), videos))
+
+    def references(self, jobs: list[tuple[str, int]]) -> list[tuple[str, Any]]:
+        """(ref id, (F, C, H, W) uint8 video) per (prompt, seed): loaded from results/refs/, the missing ones
+        generated together as one batch and each stored as it is finished."""
+        import contextlib
+
         import torch
 
-        from jensenkv.generate import generate_video
+        from jensenkv.generate import generate_videos
         from jensenkv.attention.config import AttentionConfig
         from jensenkv.tracking import atomic_write, config_hash
 
-        ref_id = config_hash(self.spec.reference_identity(prompt, seed))
-        path = self.store.ref_path(ref_id)
-        if not path.exists():
-            with self.store.ref_lock(ref_id):  # a parallel job making the same reference: wait, then reuse it
-                self.store.clean_ref_tmp(ref_id)
-                if not path.exists():
+        ids = [config_hash(self.spec.reference_identity(p, s)) for p, s in jobs]
+        missing = sorted({ref_id for ref_id in ids if not self.store.ref_path(ref_id).exists()})
+        if missing:
+            with contextlib.ExitStack() as locks:  # parallel jobs making the same references: wait, then reuse
+                for ref_id in missing:  # one order everywhere: two jobs never wait on each other
+                    locks.enter_context(self.store.ref_lock(ref_id))
+                    self.store.clean_ref_tmp(ref_id)
+                todo = [(ref_id, job) for ref_id, job in dict(zip(ids, jobs)).items()
+                        if ref_id in missing and not self.store.ref_path(ref_id).exists()]
+                if todo:
                     self.adapter.configure(cache=self.spec.reference_cache_config(),
                                            attention=AttentionConfig(backend=self.spec.attention.backend))
-                    result = generate_video(self.adapter, prompt, seed)
-                    check_finite(result.video, f"the BF16 reference of {prompt!r} seed {seed}")  # (F, C, H, W)
-                    payload = {"video": _to_uint8(result.video), "timings": result.timings,
-                               "identity": json.dumps(self.spec.reference_identity(prompt, seed), sort_keys=True,
-                                                      default=str)}
-                    atomic_write(path, lambda f: torch.save(payload, f))
-                    log.info("stored BF16 reference %s for %r seed %d", ref_id, prompt, seed)
-        return ref_id, torch.load(path, weights_only=True)["video"]
+                    results = generate_videos(self.adapter, [p for _, (p, _) in todo], [s for _, (_, s) in todo])
+                    for (ref_id, (prompt, seed)), result in zip(todo, results):
+                        check_finite(result.video, f"the BF16 reference of {prompt!r} seed {seed}")  # (F, C, H, W)
+                        payload = {"video": _to_uint8(result.video), "timings": result.timings,
+                                   "identity": json.dumps(self.spec.reference_identity(prompt, seed),
+                                                          sort_keys=True, default=str)}
+                        atomic_write(self.store.ref_path(ref_id), lambda f, payload=payload: torch.save(payload, f))
+                        log.info("stored BF16 reference %s for %r seed %d", ref_id, prompt, seed)
+        return [(ref_id, torch.load(self.store.ref_path(ref_id), weights_only=True)["video"]) for ref_id in ids]
 
-    def generate(self, prompt: str, seed: int) -> tuple[Any, list[dict] | None, dict, dict]:
-        """(uint8 video, probes, timings, cache stats) of the quantized run."""
-        from jensenkv.generate import generate_video
+    def reference(self, prompt: str, seed: int) -> tuple[str, Any]:
+        """(ref id, (F, C, H, W) uint8 video) of one (prompt, seed)."""
+        return self.references([(prompt, seed)])[0]
+
+    def generate(self, jobs: list[tuple[str, int]]) -> list[tuple[Any, list[dict] | None, dict, dict]]:
+        """(uint8 video, probes, timings, cache stats) of the quantized run, per (prompt, seed), as one batch."""
+        from jensenkv.generate import generate_videos
         attention = self.spec.attention  # probes on iff eval.metrics has "attention"
         self.adapter.configure(cache=self.spec.cache_config(keep_reference=attention.probes), attention=attention)
-        result = generate_video(self.adapter, prompt, seed)
-        check_finite(result.video, f"{prompt!r} seed {seed}")  # (F, C, H, W)
+        results = generate_videos(self.adapter, [p for p, _ in jobs], [s for _, s in jobs])
+        for (prompt, seed), result in zip(jobs, results):
+            check_finite(result.video, f"{prompt!r} seed {seed}")  # (F, C, H, W)
+        # every video of a batch has the same shapes, so each holds an equal share of the stacked caches
         caches = self.adapter.caches("cond")
-        stats = {"cache_bytes": sum(c.nbytes for c in caches), "cache_bf16_bytes": sum(c.bf16_nbytes for c in caches)}
-        return _to_uint8(result.video), result.probes, result.timings, stats
+        stats = {"cache_bytes": sum(c.nbytes for c in caches) // len(jobs),
+                 "cache_bf16_bytes": sum(c.bf16_nbytes for c in caches) // len(jobs)}
+        return [(_to_uint8(r.video), r.probes, r.timings, dict(stats)) for r in results]
 
     def lpips(self):
         from jensenkv.eval.fidelity import LpipsScorer
@@ -216,26 +243,49 @@ class Runner:
         except ValueError as err:
             missing["content"] = f"content recovery needs a prompt in the built-in model's grammar: {err}"
 
+    def prompt_results(self, batch: list[tuple[int, str, int]]) -> None:
+        """Generate and score a batch of (index, prompt, seed); each video's result is saved atomically as soon
+        as the batch is done, so a rerun regenerates only the videos without one."""
+        import torch
+
+        spec = self.spec
+        jobs = [(prompt, seed) for _, prompt, seed in batch]
+        try:
+            references = self.references(jobs)
+            generated = [(ref, None, {}, {}) for _, ref in references] if spec.is_reference else self.generate(jobs)
+        except torch.cuda.OutOfMemoryError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise BatchMemoryError(f"generation.batch_size={spec.generation.batch_size}: a batch of {len(batch)} "
+                                   f"videos does not fit on {spec.model.device} ({first}); use "
+                                   f"generation.batch_size={max(1, len(batch) // 2)}") from None
+        for (index, prompt, seed), (ref_id, ref), made in zip(batch, references, generated):
+            self.score(index, prompt, seed, ref_id, ref, *made)
+
     def prompt_result(self, index: int, prompt: str, seed: int) -> dict:
         """Generate and score one (prompt, seed); saved atomically so a rerun skips it."""
-        from jensenkv.eval.attention import probe_frame, summarize_probes
-        from jensenkv.eval.fidelity import lpips_availability, video_psnr, video_ssim
-        from jensenkv.tracking import atomic_write_json, read_json
+        from jensenkv.tracking import read_json
 
         path = self.store.prompt_result_path(self.run_id, index)
-        if path.exists():
-            return read_json(path)
+        if not path.exists():
+            self.prompt_results([(index, prompt, seed)])
+        return read_json(path)
+
+    def score(self, index: int, prompt: str, seed: int, ref_id: str, ref: Any, video: Any,
+              probes: list[dict] | None, timings: dict, stats: dict) -> dict:
+        """Score one video against its reference, save its mp4, write its result atomically and return it."""
+        from jensenkv.eval.attention import probe_frame, summarize_probes
+        from jensenkv.eval.fidelity import lpips_availability, video_psnr, video_ssim
+        from jensenkv.tracking import atomic_write_json
+
         spec = self.spec
-        ref_id, ref = self.reference(prompt, seed)
+        path = self.store.prompt_result_path(self.run_id, index)
         metrics: dict[str, Any] = {}
         missing: dict[str, str] = {}
         if spec.is_reference:
-            video, probes, timings, stats = ref, None, {}, {}
             for m in ("psnr", "ssim", "lpips", "attention"):
                 if m in spec.eval.metrics:
                     missing[m] = "BF16 run: it is its own reference"
         else:
-            video, probes, timings, stats = self.generate(prompt, seed)
             x, y = video.float() / 255, ref.float() / 255  # (F, C, H, W) in [0, 1]
             if "psnr" in spec.eval.metrics:
                 psnr = video_psnr(x, y)
@@ -325,12 +375,19 @@ class Runner:
         threads = self.spec.threads or default_threads(self.spec.model)
         if threads:
             torch.set_num_threads(threads)
+        from jensenkv.tracking import read_json
+
         start = time.perf_counter()
-        jobs = [(p, s) for p in self.spec.prompts for s in self.spec.eval.seeds]
-        results = []
-        for index, (prompt, seed) in enumerate(tqdm(jobs, desc=f"run {self.run_id} ({self.spec.key.label})",
-                                                    unit="video", leave=False)):
-            results.append(self.prompt_result(index, prompt, seed))
+        jobs = [(i, p, s) for i, (p, s) in enumerate((p, s) for p in self.spec.prompts for s in self.spec.eval.seeds)]
+        todo = [job for job in jobs if not self.store.prompt_result_path(self.run_id, job[0]).exists()]
+        size = self.batch_size(len(todo)) if todo else 1
+        with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"run {self.run_id} ({self.spec.key.label})",
+                  unit="video", leave=False) as bar:
+            for first in range(0, len(todo), size):
+                batch = todo[first:first + size]
+                self.prompt_results(batch)
+                bar.update(len(batch))
+        results = [read_json(self.store.prompt_result_path(self.run_id, index)) for index, _, _ in jobs]
         self.store.write_record(self.assemble(results, time.perf_counter() - start))
         self.store.error_path(self.run_id).unlink(missing_ok=True)
         self.store.clean_run_tmp(self.run_id)

@@ -45,7 +45,7 @@ class RunSpec(RunConfig):
         return {
             "model": self.model.to_dict(),
             "weights": self.weights_digest,
-            "generation": dataclasses.asdict(self.generation),
+            "generation": self.generation.sampling(),
             "key": dataclasses.asdict(self.key),
             "value": dataclasses.asdict(self.value),
             "sink_chunks": self.cache.sink_chunks,
@@ -75,7 +75,7 @@ class RunSpec(RunConfig):
     def reference_identity(self, prompt: str, seed: int) -> dict:
         """What a BF16 reference video depends on: model, generation, prompt, seed and the cache layout."""
         return {"kind": "full-precision reference", "model": self.model.to_dict(),
-                "weights": self.weights_digest, "generation": dataclasses.asdict(self.generation),
+                "weights": self.weights_digest, "generation": self.generation.sampling(),
                 "prompt": prompt, "seed": int(seed),
                 "sink_chunks": self.cache.sink_chunks, "window_chunks": self.cache.window_chunks,
                 "full_precision_dtype": self.cache.full_precision_dtype, "backend": self.attention.backend}

@@ -35,6 +35,7 @@ class MagiFamily(ModelFamily):
     kind = "magi"
     node = MagiNode
     packages = (("transformers", "transformers"), ("safetensors", "safetensors"))
+    batches = False  # its three guidance passes and staircase run one video at a time
     refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
                                   "form the Triton kernel reads; use cached, reference or flex"}
 

@@ -144,18 +144,43 @@ class ChunkwiseAdapter:
     def probes(self) -> list[dict] | None:
         return list(self.state.probe_records) if any(p.attention.probes for p in self.processors) else None
 
+    batches_branches = True  # denoise_branches / commit_branches: the CFG branches in one forward
+
     def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None:
         """Encode the conditional prompt (and the negative one for CFG's "uncond" branch)."""
-        prompts = [prompt] if negative_prompt is None else [prompt, negative_prompt]
-        embeds = self.encode_prompt(prompts).to(self.device, self.dtype)  # (n, L, text_dim)
-        self._prompt_embeds = {b: embeds[i:i + 1] for i, b in enumerate(BRANCHES[:len(prompts)])}
+        self.set_prompts([prompt], negative_prompt)
+
+    def set_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> None:
+        """Encode one prompt per video of the batch (and the negative one, shared, for "uncond").
+
+        Each prompt is encoded on its own, so a video's embedding never depends on its batch."""
+        if isinstance(prompts, str) or not prompts:
+            raise ValueError(f"prompts={prompts!r} is not allowed: give a non-empty list, one prompt per video")
+        cond = torch.cat([self.encode_prompt([p]) for p in prompts]).to(self.device, self.dtype)  # (B, L, text_dim)
+        self._prompt_embeds = {"cond": cond}
+        if negative_prompt is not None:
+            negative = self.encode_prompt([negative_prompt]).to(self.device, self.dtype)  # (1, L, text_dim)
+            self._prompt_embeds["uncond"] = negative.expand(len(prompts), *negative.shape[1:])
+
+    @property
+    def batch_size(self) -> int:
+        """Videos per forward and branch (the prompts of the last ``set_prompts``)."""
+        return next(iter(self._prompt_embeds.values())).shape[0] if self._prompt_embeds else 1
 
     # --- forwards --------------------------------------------------------------------------------------
-    def _forward(self, latents: torch.Tensor, t_frames: torch.Tensor, branch: str) -> torch.Tensor:
-        """latents (1, C, F, H, W); t_frames (1, F) flow times in [0, 1] -> velocity (1, C, F, H, W) float32."""
-        if branch not in self._prompt_embeds:
-            raise ValueError(f"branch={branch!r} has no prompt: call set_prompt first "
-                             f"(with a negative prompt for 'uncond'); have {tuple(self._prompt_embeds)}")
+    def _forward(self, latents: torch.Tensor, t_frames: torch.Tensor, branches: Sequence[str]) -> torch.Tensor:
+        """latents (B, C, F, H, W), the same for every branch; t_frames (B, F) flow times in [0, 1] ->
+        velocity (len(branches) * B, C, F, H, W) float32, branch-major (one forward for every branch)."""
+        for branch in branches:
+            if branch not in self._prompt_embeds:
+                raise ValueError(f"branch={branch!r} has no prompt: call set_prompt first "
+                                 f"(with a negative prompt for 'uncond'); have {tuple(self._prompt_embeds)}")
+        if self.batch_size not in (1, latents.shape[0]):
+            raise ValueError(f"latents with batch {latents.shape[0]} are not allowed: set_prompts gave "
+                             f"{self.batch_size} prompts, one per video")
+        n = len(branches)
+        if n > 1:
+            latents, t_frames = latents.repeat(n, 1, 1, 1, 1), t_frames.repeat(n, 1)
         b, _, f, h, w = latents.shape
         _, p_h, p_w = self.transformer.config.patch_size
         self.state.tokens_per_frame = (h // p_h) * (w // p_w)
@@ -169,20 +194,26 @@ class ChunkwiseAdapter:
             timestep = timestep[:, 0]  # (B,): one timestep for the whole input
         else:
             timestep = timestep.repeat_interleave(self.state.tokens_per_frame, dim=1)  # (B, S) per token
+        text = torch.cat([self._prompt_embeds[branch].expand(latents.shape[0] // n, -1, -1)
+                          for branch in branches])  # (n * B, L, text_dim); one prompt serves a whole batch
         out = self.transformer(hidden_states=latents.to(self.device, self.dtype), timestep=timestep,
-                               encoder_hidden_states=self._prompt_embeds[branch], return_dict=False, **kwargs)[0]
+                               encoder_hidden_states=text, return_dict=False, **kwargs)[0]
         return out.float()
 
-    def _set_state(self, mode: str, branch: str, window: tuple[InFlightChunk, ...], start_frame: int) -> None:
+    def _set_state(self, mode: str, branches: Sequence[str], window: tuple[InFlightChunk, ...],
+                   start_frame: int) -> None:
         for chunk in window:
             check_kv_range(chunk.kv_range)
+        for branch in branches:
+            if branch not in BRANCHES:
+                raise ValueError(f"branch={branch!r} is not allowed: use one of {BRANCHES}")
         s = self.state
-        s.mode, s.branch, s.window, s.start_frame = mode, branch, window, start_frame
+        s.mode, s.branches, s.window, s.start_frame = mode, tuple(branches), window, start_frame
 
     @torch.no_grad()
     def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str = "cond", *,
                 step: int | None = None, kv_range: int | None = None) -> torch.Tensor:
-        """Velocity of one noisy chunk (1, C, F, H, W) at flow time t, attending to the branch's cache.
+        """Velocity of one noisy chunk (B, C, F, H, W) at flow time t, attending to the branch's cache.
 
         Chunks are equally long, so the chunk starts at latent frame chunk_index * F (RoPE offset).
         """
@@ -194,10 +225,18 @@ class ChunkwiseAdapter:
                        kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor:
         """Velocity of ``len(t)`` consecutive noisy chunks in one forward (a MAGI-1 staircase tick).
 
-        chunks: (1, C, n*F, H, W), oldest first, chunk j at flow time t[j] (denoising step steps[j]) and
+        chunks: (B, C, n*F, H, W), oldest first, chunk j at flow time t[j] (denoising step steps[j]) and
         attending to at most kv_ranges[j] preceding chunks (earlier in-flight ones first, then cached;
-        None: all). Returns (1, C, n*F, H, W) float32. With n = 1 this is ``denoise``.
+        None: all). Returns (B, C, n*F, H, W) float32. With n = 1 this is ``denoise``.
         """
+        return self.denoise_branches(chunks, t, first_chunk_index, (branch,), steps=steps,
+                                     kv_ranges=kv_ranges)[branch]
+
+    @torch.no_grad()
+    def denoise_branches(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int,
+                         branches: Sequence[str], *, steps: Sequence[int | None] | None = None,
+                         kv_ranges: Sequence[int | None] | None = None) -> dict[str, torch.Tensor]:
+        """``denoise_window`` for every branch in one forward: branch -> velocity (B, C, n*F, H, W)."""
         n, frames = len(t), chunks.shape[2]
         steps = [None] * n if steps is None else list(steps)
         kv_ranges = [None] * n if kv_ranges is None else list(kv_ranges)
@@ -209,23 +248,32 @@ class ChunkwiseAdapter:
                 raise ValueError(f"{key} with {len(values)} entries is not allowed: it needs one per chunk ({n})")
         window = tuple(InFlightChunk(first_chunk_index + j, steps[j], kv_ranges[j]) for j in range(n))
         frames_per_chunk = frames // n
-        self._set_state("cached", branch, window, first_chunk_index * frames_per_chunk)
+        self._set_state("cached", branches, window, first_chunk_index * frames_per_chunk)
         t_frames = torch.tensor([float(x) for x in t]).repeat_interleave(frames_per_chunk)  # (n*F,)
-        return self._forward(chunks, t_frames.expand(chunks.shape[0], -1), branch)  # t_frames: (B, n*F)
+        out = self._forward(chunks, t_frames.expand(chunks.shape[0], -1), branches)  # t_frames: (B, n*F)
+        return dict(zip(branches, out.chunk(len(branches))))
 
     @torch.no_grad()
     def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str = "cond", *,
                kv_range: int | None = None) -> None:
-        """Run the clean chunk (1, C, F, H, W) at t = 0 and append its K/V to every layer's cache."""
-        expected = self._committed.get(branch, 0)
-        if chunk_index != expected:
-            raise ValueError(f"chunk_index={chunk_index} is not allowed: chunks are committed in order and the "
-                             f"{branch!r} cache expects chunk {expected} next")
-        self._set_state("commit", branch, (InFlightChunk(chunk_index, None, kv_range),),
+        """Run the clean chunk (B, C, F, H, W) at t = 0 and append its K/V to every layer's cache."""
+        self.commit_branches(clean_chunk, chunk_index, (branch,), kv_range=kv_range)
+
+    @torch.no_grad()
+    def commit_branches(self, clean_chunk: torch.Tensor, chunk_index: int, branches: Sequence[str], *,
+                        kv_range: int | None = None) -> None:
+        """``commit`` for every branch in one forward, each into its own caches."""
+        for branch in branches:
+            expected = self._committed.get(branch, 0)
+            if chunk_index != expected:
+                raise ValueError(f"chunk_index={chunk_index} is not allowed: chunks are committed in order and "
+                                 f"the {branch!r} cache expects chunk {expected} next")
+        self._set_state("commit", branches, (InFlightChunk(chunk_index, None, kv_range),),
                         chunk_index * clean_chunk.shape[2])
         t_frames = torch.zeros(clean_chunk.shape[0], clean_chunk.shape[2])  # (B, F)
-        self._forward(clean_chunk, t_frames, branch)
-        self._committed[branch] = expected + 1
+        self._forward(clean_chunk, t_frames, branches)
+        for branch in branches:
+            self._committed[branch] = chunk_index + 1
 
     @torch.no_grad()
     def forward_full(self, latents: torch.Tensor, t_frames: torch.Tensor, branch: str = "cond",
@@ -239,12 +287,12 @@ class ChunkwiseAdapter:
         if latents.shape[2] % fpc:
             raise ValueError(f"frames={latents.shape[2]} is not allowed: "
                              f"it must be a multiple of frames_per_chunk={fpc}")
-        self._set_state("full", branch, (InFlightChunk(0),), 0)
+        self._set_state("full", (branch,), (InFlightChunk(0),), 0)
         self.state.frames_per_chunk = fpc
-        return self._forward(latents, t_frames, branch)
+        return self._forward(latents, t_frames, (branch,))
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """(1, C, F, H, W) -> (F, 3, H', W') video in [0, 1]."""
+        """(1, C, F, H, W) -> (F, 3, H', W') video in [0, 1] (one video: the generator decodes each alone)."""
         return self.decode_fn(latents)
 
     def remove(self) -> None:

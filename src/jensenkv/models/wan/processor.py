@@ -17,6 +17,7 @@ from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 from jensenkv.attention import attention_probes, get_backend
 from jensenkv.attention.diagnostics import head_shift_moments, segment_diagnostics
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.quant.steps import GroupSteps
 from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, AttentionSettings, ChunkState, InFlightChunk
 
 
@@ -28,6 +29,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     out[..., 0::2] = x1 * cos - x2 * sin
     out[..., 1::2] = x1 * sin + x2 * cos
     return out.type_as(x)
+
+
+def sample_segment(seg: CacheSegment, sample: int) -> CacheSegment:
+    """One video's rows of a cached segment (its keys, values, steps and reference copies: (1, H, K, D))."""
+    own = slice(sample, sample + 1)
+    steps = None if seg.steps is None else GroupSteps(seg.steps.step[own], seg.steps.rotation)
+    return CacheSegment(seg.k[own], seg.v[own], steps, None if seg.k_ref is None else seg.k_ref[own],
+                        None if seg.v_ref is None else seg.v_ref[own])
 
 
 def block_causal_mask(num_tokens: int, frames_per_chunk: int, tokens_per_frame: int,
@@ -117,10 +126,15 @@ class CachedSelfAttnProcessor:
             mask = block_causal_mask(q.shape[2], state.frames_per_chunk, state.tokens_per_frame, q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, S, D)
         elif state.mode in ("cached", "commit"):
-            cache = self.cache(state.branch)
-            out = self._window_attention(q, k, v, cache.segments())  # (B, H, S, D)
-            if state.mode == "commit":
-                self._commit(cache, k, v)
+            # the batch is len(branches) equal parts, branch-major (CFG in one forward): each its own cache
+            outs, n = [], q.shape[0] // len(state.branches)
+            for i, branch in enumerate(state.branches):
+                part = slice(i * n, (i + 1) * n)
+                cache = self.cache(branch)
+                outs.append(self._window_attention(q[part], k[part], v[part], cache.segments(), branch))
+                if state.mode == "commit":
+                    self._commit(cache, k[part], v[part])
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, S, D)
         else:
             raise ValueError(f"processor mode={state.mode!r} is not allowed: use one of {PROCESSOR_MODES}")
 
@@ -128,7 +142,7 @@ class CachedSelfAttnProcessor:
         return attn.to_out[1](attn.to_out[0](out))
 
     def _window_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          cached: list[CacheSegment]) -> torch.Tensor:
+                          cached: list[CacheSegment], branch: str) -> torch.Tensor:
         """Each in-flight chunk attends to its visible cached chunks and block-causally to the window.
 
         q, k, v: (B, H, S, D) over the window's chunks (equal lengths, oldest first) -> (B, H, S, D).
@@ -149,19 +163,24 @@ class CachedSelfAttnProcessor:
                                              strength=self.strength,
                                              second_order=self.attention.second_order))  # (B, H, T, D)
             if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
-                self._record_probes(q_c, k_c, v_c, segments, chunk)
+                self._record_probes(q_c, k_c, v_c, segments, chunk, branch)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       segments: list[CacheSegment], chunk: InFlightChunk) -> None:
-        values = attention_probes(q, k, v, segments, self.attention.correction, strength=self.strength,
-                                  second_order=self.attention.second_order)
-        if self.attention.diagnostics:
-            values.update(segment_diagnostics(q, segments))
-        if self.attention.head_moments:
-            values.update(head_shift_moments(q, segments, self.attention.correction))
-        self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step,
-                                         "chunk": chunk.index, "branch": self.state.branch, **values})
+                       segments: list[CacheSegment], chunk: InFlightChunk, branch: str) -> None:
+        """One record per video of the batch (``sample``: its index), each computed on that video alone."""
+        for sample in range(q.shape[0]):
+            own = slice(sample, sample + 1)
+            q_s, k_s, v_s = (q, k, v) if q.shape[0] == 1 else (q[own], k[own], v[own])  # (1, H, T, D)
+            segs = segments if q.shape[0] == 1 else [sample_segment(seg, sample) for seg in segments]
+            values = attention_probes(q_s, k_s, v_s, segs, self.attention.correction, strength=self.strength,
+                                      second_order=self.attention.second_order)
+            if self.attention.diagnostics:
+                values.update(segment_diagnostics(q_s, segs))
+            if self.attention.head_moments:
+                values.update(head_shift_moments(q_s, segs, self.attention.correction))
+            self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step, "chunk": chunk.index,
+                                             "branch": branch, "sample": sample, **values})
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if not self.state.time_quantize:

@@ -39,7 +39,7 @@ class ChunkState:
     """
 
     mode: str = "cached"
-    branch: str = "cond"
+    branches: tuple[str, ...] = ("cond",)  # the CFG branches of the forward: its batch, split equally, in order
     window: tuple[InFlightChunk, ...] = (InFlightChunk(0),)
     start_frame: int = 0
     frames_per_chunk: int = 1
