@@ -147,3 +147,36 @@ def test_content_recovery_is_limited_to_the_built_in_model_by_default():
     """A family provides content recovery only when it says so (the built-in model's prompt grammar)."""
     assert family("tiny").metric_limits == {}
     assert all("content" in fam.metric_limits for kind, fam in FAMILIES.items() if kind != "tiny")
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", 1.5, True])
+def test_a_bad_batch_size_is_one_line(value):
+    with pytest.raises(ValueError, match=r"generation.batch_size=.* is not allowed: use \"auto\" or an integer >= 1"):
+        GenerationConfig(batch_size=value)
+
+
+def test_a_family_that_cannot_batch_refuses_a_batch():
+    magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
+    with pytest.raises(ValueError, match=r"generation.batch_size=2 is not allowed: model.kind=magi generates one "
+                                         r"video at a time"):
+        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=2))
+    for size in ("auto", 1):  # auto means one video at a time there
+        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=size))
+
+
+def test_the_batch_size_changes_no_run_id(tmp_path):
+    from jensenkv.run.spec import resolve
+
+    ids = {size: resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu"),
+                                   generation=GenerationConfig(batch_size=size))).run_id for size in ("auto", 1, 7)}
+    assert len(set(ids.values())) == 1, ids
+
+
+def test_auto_batch_size_on_a_cpu_is_the_familys_measured_default():
+    from jensenkv.run.spec import resolve
+
+    spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
+    assert family("tiny").auto_batch_size(spec, "cpu") == family("tiny").cpu_batch_size > 1
+    magi = resolve(RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny"),
+                             generation=GenerationConfig(magi=MagiScheduleConfig())))
+    assert family("magi").auto_batch_size(magi, "cpu") == 1

@@ -331,3 +331,25 @@ def test_weights_digest_changes_when_the_tiny_weights_change(tmp_path):
     assert before is not None and weights_digest(model) != before
     assert weights_digest(ModelConfig(kind="diffusers", transformer_class="WanTransformer3DModel", path="x",
                                       height=32, width=32)) is None
+
+
+def test_a_batched_run_records_what_one_video_at_a_time_records(tmp_path, weights, monkeypatch):
+    """The same run at batch 1 and at a batch larger than its videos (clipped to 2): one run id, per-video
+    records that agree to float32 rounding, and the batched run made its two videos in one call each."""
+    batches: list[int] = []
+    real = jensenkv.generate.generate_videos
+    monkeypatch.setattr(jensenkv.generate, "generate_videos",
+                        lambda adapter, prompts, *a, **k: batches.append(len(prompts)) or real(adapter, prompts, *a, **k))
+    records = {}
+    for size in ("1", "50"):
+        overrides = fast_overrides(tmp_path / size, weights, "eval.num_prompts=2", "quant.bits=2",
+                                   "correction=taylor", f"generation.batch_size={size}")
+        records[size] = run_overrides(overrides)
+    one, batched = records["1"], records["50"]
+    assert one["run_id"] == batched["run_id"]
+    for a, b in zip(one["per_prompt"], batched["per_prompt"]):
+        assert (a["prompt"], a["seed"], a["cache_bytes"]) == (b["prompt"], b["seed"], b["cache_bytes"])
+        assert a["timings"]["batch_size"] == 1 and b["timings"]["batch_size"] == 2
+        for key, value in a["metrics"].items():
+            assert b["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    assert batches == [1, 1, 1, 1, 2, 2]  # batch 1: reference, video, reference, video; then both at once

@@ -1,0 +1,132 @@
+"""Every video of a batch is the video it is alone: frames and latents to 1e-5 relative (max-norm), every
+probe value v to 1e-5 max(|v|, 1). The floor is there because several probes are differences of O(1) masses
+(delta_p_s = p_s - p_s_ref, theta = Cov / Var): a batched GEMM moves p_s by float32 rounding (~1e-7), and a
+difference near 0 cannot keep that error relative to itself. Measured worst cases: frames 8e-7, latents 5e-7,
+masses 2e-7 relative, theta 6e-6 absolute.
+
+The tiny random Wan-family models (SkyReels-V2 and Wan classes) run mixed prompts and seeds with CFG on, the
+staircase with kv ranges, sinks and windows, INT2 at every granularity (per-tensor included) and every
+correction. A control shows that a cache mixing the videos' quantization statistics fails the same check.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
+
+from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.generate import GenerationConfig, generate_video, generate_videos
+from jensenkv.models.wan import AttentionSettings
+from jensenkv.quant import QuantConfig
+
+TOLERANCE = 1e-5
+PROMPTS = ["a red square", "a blue circle moving left", "a red square"]
+SEEDS = [3, 3, 11]  # prompt 0 and 1 share a seed, prompt 0 and 2 share a prompt
+GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=4.0)
+PROBES = dict(probes=True, diagnostics=True, head_moments=True)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+def max_probe_error(batched: list[dict], alone: list[dict]) -> float:
+    """Largest |b - a| / max(|a|, 1) over every numeric probe value (same records, same order)."""
+    assert len(batched) == len(alone) and batched
+    worst = 0.0
+    for b, a in zip(batched, alone):
+        assert b.keys() == a.keys() and all(b[k] == a[k] for k in ("layer", "step", "chunk", "branch"))
+        for key, value in a.items():
+            if isinstance(value, float) and math.isfinite(value):
+                worst = max(worst, abs(b[key] - value) / max(abs(value), 1.0))
+    return worst
+
+
+def batch_errors(adapter, cfg: GenerationConfig) -> dict[str, float]:
+    batched = generate_videos(adapter, PROMPTS, SEEDS, cfg)
+    errors = {"frames": 0.0, "latents": 0.0, "probes": 0.0}
+    for result, prompt, seed in zip(batched, PROMPTS, SEEDS):
+        alone = generate_video(adapter, prompt, seed, cfg)
+        errors["frames"] = max(errors["frames"], rel(result.video, alone.video))
+        errors["latents"] = max(errors["latents"], rel(result.latents, alone.latents))
+        if alone.probes is not None:
+            errors["probes"] = max(errors["probes"], max_probe_error(result.probes, alone.probes))
+        else:
+            assert result.probes is None
+        assert result.timings["batch_size"] == len(PROMPTS) and alone.timings["batch_size"] == 1
+    return errors
+
+
+def int2(granularity: str = "token_group", **extra) -> CacheConfig:
+    quant = QuantConfig(bits=2, granularity=granularity, group_size=4 if granularity != "channel" else 3, **extra)
+    values = quant if granularity != "channel" else QuantConfig(bits=2, granularity="token_group", group_size=4)
+    return CacheConfig(key=quant, value=values)
+
+
+CASES = {
+    "int2-g4-none": (int2(), dict(correction="none"), {}),
+    "int2-g4-taylor": (int2(), dict(correction="taylor"), {}),
+    "int2-g4-exact": (int2(), dict(correction="exact"), {}),
+    "int2-g4-taylor2": (int2(), dict(correction="taylor", second_order=True), {}),
+    "int2-tensor-taylor": (int2("tensor"), dict(correction="taylor"), {}),
+    "int2-token-exact": (int2("token"), dict(correction="exact"), {}),
+    "int2-kivi-taylor": (int2("channel"), dict(correction="taylor"), {}),
+    "int2-dither-taylor": (int2(dither="subtractive", zero_point="min_aligned", zero_dtype="float16"),
+                           dict(correction="taylor"), {}),
+    "int2-hadamard-taylor": (int2(rotation="hadamard", rotation_seed=1), dict(correction="taylor"), {}),
+    "qvg-taylor": (CacheConfig(key=QuantConfig(method="qvg", bits=2, group_size=4, qvg_centroids=4,
+                                               qvg_kmeans="published", qvg_iters=4, qvg_tol=0.1),
+                               value=QuantConfig(bits=2, group_size=4)), dict(correction="taylor"), {}),
+    "sinks-window": (CacheConfig(key=QuantConfig(bits=2, group_size=4), value=QuantConfig(bits=2, group_size=4),
+                                 sink_chunks=1, window_chunks=1), dict(correction="taylor"), {}),
+    "staircase-kv-range": (int2(), dict(correction="taylor"),
+                           dict(steps=4, window_size=2, kv_range=[None, 1], commit_kv_range=1)),
+    "x0-renoise": (int2(), dict(correction="exact"), dict(sampler="x0_renoise")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_batch_makes_each_video_as_alone(name, tiny_wan_adapter):
+    cache, attention, generation = CASES[name]
+    cfg = GenerationConfig(**{**GEN.__dict__, **generation})
+    model = {"attention_head_dim": 16} if cache.key.rotation == "hadamard" else {}  # a power-of-two head dim
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, cache, AttentionSettings(**attention, **PROBES), cfg,
+                               **model)
+    errors = batch_errors(adapter, cfg)
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
+@pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
+def test_both_transformer_classes_batch(cls, tiny_wan_adapter):
+    adapter = tiny_wan_adapter(cls, int2("tensor"), AttentionSettings(correction="taylor", **PROBES), GEN)
+    errors = batch_errors(adapter, GEN)
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
+def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter, monkeypatch):
+    """Quantize the batch as one tensor (per-tensor statistics over all videos, as a naive batched cache
+    would): the same check then sees the videos change, so the test above can fail."""
+    def mixed(self, k, v):
+        return self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
+
+    monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2("tensor"), AttentionSettings(**PROBES), GEN)
+    errors = batch_errors(adapter, GEN)
+    assert errors["latents"] > 1e-3 and errors["probes"] > 1e-3, errors
+
+
+def test_probes_split_by_video_and_branch(tiny_wan_adapter):
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2(), AttentionSettings(**PROBES), GEN)
+    results = generate_videos(adapter, PROMPTS[:2], SEEDS[:2], GEN)
+    for r in results:
+        assert "sample" not in r.probes[0] and {p["branch"] for p in r.probes} == {"cond", "uncond"}
+    assert len(results[0].probes) == len(results[1].probes)
+
+
+def test_a_batch_needs_one_seed_per_prompt(tiny_wan_adapter):
+    adapter = tiny_wan_adapter()
+    with pytest.raises(ValueError, match="equally many"):
+        generate_videos(adapter, PROMPTS, SEEDS[:2])
