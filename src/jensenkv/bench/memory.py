@@ -107,6 +107,21 @@ def generation_peak(cache_name: str, quick: bool) -> dict:
             "bf16": sum(c.bf16_nbytes for c in caches)}
 
 
+def batch_peak(batch: int, quick: bool) -> dict:
+    """Peak RSS over one batch of the built-in model (INT2 g=32 + taylor, 1 thread) and each video's cache bytes."""
+    from jensenkv.bench.presets import preset
+    from jensenkv.bench.subjects import PROMPT, tiny_adapter
+    from jensenkv.generate import generate_videos
+
+    adapter, generation = tiny_adapter(preset("rtn", 128, bits=2, group_size=32), "taylor", quick=quick)
+    before = peak_rss_bytes()
+    with torch.inference_mode():
+        generate_videos(adapter, [PROMPT] * batch, list(range(batch)), generation)
+    caches = adapter.caches("cond")
+    return {"peak": peak_rss_bytes(), "peak_before": before,
+            "cache_bytes_per_video": sum(c.nbytes for c in caches) / batch}
+
+
 def measure(kind: str, *args: str, pythonpath: str | None = None) -> dict:
     """Run one measurement in a fresh process with the fixed mmap threshold; return its JSON result."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -128,10 +143,15 @@ def main(argv: list[str] | None = None) -> None:
     gen = sub.add_parser("generation")
     gen.add_argument("cache", choices=["bf16", "int2"])
     gen.add_argument("--quick", action="store_true")
+    batch = sub.add_parser("batch")
+    batch.add_argument("size", type=int)
+    batch.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads()))
     if args.kind == "held":
         result = held_memory(args.layers, args.commits, tuple(args.shape), args.queries)
+    elif args.kind == "batch":
+        result = batch_peak(args.size, args.quick)
     else:
         result = generation_peak(args.cache, args.quick)
     print(json.dumps(result))

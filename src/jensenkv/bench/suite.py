@@ -25,7 +25,7 @@ from jensenkv.bench.timing import paired_ratio, time_interleaved
 from jensenkv.tracking import atomic_write
 
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
-              "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio")
+              "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput")
 COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats")
 GPU_BENCHMARK = "gpu_kernel"  # its own file, results/bench_gpu.csv, only where CUDA is visible (bench.gpu)
 INT2 = {"bits": 2, "group_size": 32}
@@ -49,13 +49,14 @@ class Plan:
                                                           (4, 4096, 16384))  # (heads, queries, cached)
     long_floor_shape: tuple[int, int, int, int] = (2, 4096, 16384, 64)  # (heads, queries, cached, d): long-context
     exact_max_scores: int = 1 << 27
+    batch_videos: int = 16  # videos per repetition of batch_throughput: one batch of them against one at a time
     notes: list[str] = field(default_factory=list)
 
 
 def quick_plan() -> Plan:
     return Plan(quick=True, repeats=2, e2e_repeats=2, long_repeats=1, bytes_shape=(1, 2, 256, 128),
                 held=("--layers", "2", "--commits", "2", "--shape", "1", "2", "256", "128", "--queries", "32"),
-                overhead_shapes=((2, 64, 256), (2, 128, 512)), long_floor_shape=(2, 64, 256, 64))
+                overhead_shapes=((2, 64, 256), (2, 128, 512)), long_floor_shape=(2, 64, 256, 64), batch_videos=2)
 
 
 def row(benchmark: str, config: str, value: float, unit: str, iqr: float = float("nan"), repeats: int = 1) -> dict:
@@ -276,9 +277,60 @@ def e2e_rows(plan: Plan) -> list[dict]:
     return rows
 
 
+def batch_throughput_rows(plan: Plan) -> list[dict]:
+    """Videos per second per core on the built-in model (INT2 g=32 + taylor, 1 thread), interleaved: one batch
+    of ``batch_videos`` against one video at a time, and against one at a time with a forward per CFG branch
+    (the generator before batching); then peak RSS of the batch against one video, in fresh processes."""
+    from jensenkv.bench.subjects import PROMPT, tiny_adapter
+    from jensenkv.generate import generate_videos
+
+    n = plan.batch_videos
+    adapter, generation = tiny_adapter(preset("rtn", 128, **INT2), "taylor", quick=plan.quick)
+    per_branch, _ = tiny_adapter(preset("rtn", 128, **INT2), "taylor", quick=plan.quick)
+    per_branch.batches_branches = False  # one forward per CFG branch
+    prompts, seeds = [PROMPT] * n, list(range(n))
+
+    def one_at_a_time(which):
+        def call() -> None:
+            with torch.inference_mode():
+                for i in range(n):
+                    generate_videos(which, prompts[i:i + 1], seeds[i:i + 1], generation)
+        return call
+
+    def batched() -> None:
+        with torch.inference_mode():
+            generate_videos(adapter, prompts, seeds, generation)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per core
+    try:
+        wall, cpu = time_interleaved({"batch": batched, "one": one_at_a_time(adapter),
+                                      "per_branch": one_at_a_time(per_branch)}, plan.e2e_repeats, 1)
+    finally:
+        torch.set_num_threads(threads)
+    rows = []
+    for name, what in (("batch", f"batch of {n}"), ("one", "batch 1"), ("per_branch", "batch 1, a forward per branch")):
+        rows.append(row("batch_throughput", f"built-in model, {what}: videos / CPU s (1 thread)",
+                        n / statistics.median(cpu[name]), "videos/s/core", repeats=plan.e2e_repeats))
+    for base, what in (("one", "batch 1"), ("per_branch", "batch 1, a forward per branch")):
+        for samples, unit in ((cpu, "speedup"), (wall, "speedup (wall)")):
+            median, iqr = paired_ratio(samples[base], samples["batch"])
+            rows.append(row("batch_throughput", f"batch of {n} over {what}", median, unit, iqr, plan.e2e_repeats))
+    quick = ("--quick",) if plan.quick else ()
+    alone, many = measure("batch", "1", *quick), measure("batch", str(n), *quick)
+    rows += [row("batch_throughput", f"peak RSS, batch of {n} / batch 1", many["peak"] / alone["peak"], "ratio"),
+             row("batch_throughput", "peak RSS, batch 1", alone["peak"] / MIB, "MiB"),
+             row("batch_throughput", f"peak RSS, batch of {n}", many["peak"] / MIB, "MiB"),
+             row("batch_throughput", "cache bytes per video, batch 1", alone["cache_bytes_per_video"], "bytes"),
+             row("batch_throughput", f"cache bytes per video, batch of {n}", many["cache_bytes_per_video"], "bytes")]
+    _log(f"batch throughput: {rows[3]['value']:.2f}x over batch 1, {rows[5]['value']:.2f}x over per-branch forwards")
+    return rows
+
+
 RUNNERS = {"cache_bytes_ratio": cache_bytes_rows, "held_memory_ratio": held_memory_rows,
            "generation_peak_memory_saving": generation_rows, "correction_overhead_ratio": correction_overhead_rows,
-           "correction_overhead_floor": correction_overhead_floor_rows, "e2e_time_ratio": e2e_rows}
+           "correction_overhead_floor": correction_overhead_floor_rows, "e2e_time_ratio": e2e_rows,
+           "batch_throughput": batch_throughput_rows}
 # (benchmark, config prefix, comparison, bound or target row, description)
 TARGETS = (
     ("held_memory_ratio", "RSS growth / stored", "<=", "target", "RSS growth of the cache / stored bytes"),
@@ -289,6 +341,9 @@ TARGETS = (
     ("correction_overhead_ratio", "exact / none, median", "<=", 1.10, "exact overhead, median over shapes"),
     ("e2e_time_ratio", "INT2 g=32 + taylor / BF16, built-in", "<=", 1.10, "end to end, built-in model"),
     ("e2e_time_ratio", "INT2 g=32 + taylor / BF16, long-context", "<=", 1.05, "end to end, long-context"),
+    ("batch_throughput", "over batch 1", ">=", 3.0, "videos/s per core, a batch over batch 1"),
+    ("batch_throughput", "over batch 1, a forward per branch", ">=", 3.0,
+     "videos/s per core, a batch over the unbatched generator (a forward per CFG branch)"),
 )
 
 

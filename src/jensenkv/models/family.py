@@ -150,13 +150,14 @@ class ModelFamily:
 GPU_MEMORY_SHARE = 0.8  # of the free memory after loading the model: the rest is the allocator's slack
 GPU_MAX_BATCH = 64      # beyond this a forward is long enough: more videos only delay the first result
 ACTIVATION_COPIES = 24  # live (tokens, hidden) float32 tensors of one block's forward (attention + 4x FFN)
-SCORE_COPIES = 3        # live (heads, queries, keys) float32 score tiles of a cached attention call
 
 
 def video_bytes(spec: Any) -> int:
     """GPU memory one video of a batch adds (the "auto" batch's model, README GPU-memory table): its caches
-    in every branch and layer (full precision, the worst case; twice with the probes' reference copies),
-    one block's activations over the tokens in flight, and the cached attention's score tiles."""
+    in every branch and layer (full precision, the worst case: the BF16 reference; twice with the probes'
+    reference copies) and one block's activations over its tokens in flight. The attention paths tile their
+    score matrices to a fixed number of elements (``attention.probes.TILE_ELEMENTS``), so those do not grow
+    with the batch, and each video is decoded alone."""
     g, gen = spec.geometry, spec.generation
     branches = 2 if gen.use_cfg else 1
     element = 4 if spec.cache.full_precision_dtype == "float32" else 2
@@ -166,8 +167,7 @@ def video_bytes(spec: Any) -> int:
         cache *= 2
     in_flight = g.tokens_per_chunk * gen.window_size * branches
     activations = ACTIVATION_COPIES * in_flight * g.heads * g.head_dim * 4
-    scores = SCORE_COPIES * g.heads * in_flight * (tokens_cached + in_flight) * 4
-    return cache + activations + scores
+    return cache + activations
 
 
 def file_digest(path: Path) -> str | None:
