@@ -155,13 +155,22 @@ def test_a_bad_batch_size_is_one_line(value):
         GenerationConfig(batch_size=value)
 
 
-def test_a_family_that_cannot_batch_refuses_a_batch():
+def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
+    """Every family batches today (MAGI-1 included), so the refusal path is kept tested on MAGI-1 marked as
+    unable: batch_size > 1 is refused when the tree is built, and auto means one video at a time."""
+    from jensenkv.run.spec import resolve
+
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
+    assert all(fam.batches for fam in FAMILIES.values())
+    RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=2))
+    monkeypatch.setattr(type(family("magi")), "batches", False)
     with pytest.raises(ValueError, match=r"generation.batch_size=2 is not allowed: model.kind=magi generates one "
                                          r"video at a time"):
         RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=2))
-    for size in ("auto", 1):  # auto means one video at a time there
+    for size in ("auto", 1):
         RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=size))
+    auto = resolve(RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig())))
+    assert family("magi").auto_batch_size(auto, "cpu") == 1  # auto: one video at a time there
 
 
 def test_the_batch_size_changes_no_run_id(tmp_path):
@@ -179,4 +188,4 @@ def test_auto_batch_size_on_a_cpu_is_the_familys_measured_default():
     assert family("tiny").auto_batch_size(spec, "cpu") == family("tiny").cpu_batch_size > 1
     magi = resolve(RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny"),
                              generation=GenerationConfig(magi=MagiScheduleConfig())))
-    assert family("magi").auto_batch_size(magi, "cpu") == 1
+    assert family("magi").auto_batch_size(magi, "cpu") == family("magi").cpu_batch_size > 1

@@ -353,3 +353,15 @@ def test_a_batched_run_records_what_one_video_at_a_time_records(tmp_path, weight
         for key, value in a["metrics"].items():
             assert b["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     assert batches == [1, 1, 1, 1, 2, 2]  # batch 1: reference, video, reference, video; then both at once
+
+
+def test_a_batch_that_does_not_fit_names_the_batch_size(tmp_path, weights, monkeypatch):
+    """Out of device memory in a batch: one line naming generation.batch_size and a value to try."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(jensenkv.generate, "generate_videos", out_of_memory)
+    overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2", "generation.batch_size=8")
+    with pytest.raises(ValueError, match=r"generation.batch_size=8: a batch of 2 videos does not fit on cpu "
+                                         r"\(CUDA out of memory.*\); use generation.batch_size=1"):
+        run_overrides(overrides)

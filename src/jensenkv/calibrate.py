@@ -151,8 +151,9 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
 
     import jensenkv
     from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
-    from jensenkv.generate import generate_video
+    from jensenkv.generate import generate_videos
     from jensenkv.models import build_adapter
+    from jensenkv.models.registry import family
     from jensenkv.run.runner import check_finite, default_threads
     from jensenkv.tracking import atomic_write_json
 
@@ -170,10 +171,16 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
     jobs = [(p, s) for p in spec.prompts for s in spec.eval.seeds]
     moments = np.zeros((layers, heads, len(jobs), len(HEAD_MOMENT_KEYS)))  # (L, H, V, 6)
     records = 0
-    for video, (prompt, seed) in enumerate(tqdm(jobs, desc=f"calibrate {name}", unit="video", leave=False)):
-        result = generate_video(adapter, prompt, seed)
-        check_finite(result.video, f"calibration prompt {prompt!r} seed {seed}")
-        records += accumulate(moments, result.probes or [], video)
+    size = spec.generation.batch_size
+    size = family(spec.model.kind).auto_batch_size(spec, spec.model.device) if size == "auto" else int(size)
+    with tqdm(total=len(jobs), desc=f"calibrate {name}", unit="video", leave=False) as bar:
+        for first in range(0, len(jobs), size):
+            batch = jobs[first:first + size]
+            results = generate_videos(adapter, [p for p, _ in batch], [s for _, s in batch])
+            for video, ((prompt, seed), result) in enumerate(zip(batch, results), start=first):
+                check_finite(result.video, f"calibration prompt {prompt!r} seed {seed}")
+                records += accumulate(moments, result.probes or [], video)
+            bar.update(len(batch))
     if records == 0:
         raise ValueError("the calibration videos recorded no probe with cached quantized keys (one chunk, or "
                          "attention.probe_steps outside the schedule): nothing to fit; use generation.num_chunks >= 2")

@@ -13,6 +13,9 @@
   writes the cache) and uncond (null caption, each chunk alone at frame 0, no cache), combined per chunk
   with the piecewise scales; ``cfg_number`` = 1 (distilled): one pass that writes the cache, plus the
   nearly-clean re-run of the oldest chunk alone.
+* batch: ``set_prompts`` gives B videos, run in lock step (latents (B, C, n*F, H, W)): every pass is one
+  forward for the whole batch, each video reading and writing its own cache rows (quantized per video) and
+  cross-attending to its own caption's valid tokens; the null caption is shared.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generation import GenerationConfig, check_kv_range
 from jensenkv.models.magi.attention import MagiLayerCaches, WindowAttention, WindowChunk
 from jensenkv.models.magi.config import MagiSampling, magi_noise_levels
-from jensenkv.models.magi.model import MagiDiT, range_attention
+from jensenkv.models.magi.model import Caption, MagiDiT, range_attention
 from jensenkv.models.wan.state import AttentionSettings
 
 # encode_prompt(prompt, num_chunks) -> one (L_j, caption_channels) tensor of valid caption tokens per chunk
@@ -34,7 +37,7 @@ PromptEncoder = Callable[[str, int], list[torch.Tensor]]
 
 @dataclass
 class _Pending:
-    latent: torch.Tensor  # (1, C, F, H, W) the finished chunk
+    latent: torch.Tensor  # (B, C, F, H, W) the finished chunk of every video
     index: int
     kv_range: int | None
 
@@ -67,8 +70,7 @@ class MagiChunkwiseAdapter:
         self.layers = MagiLayerCaches(cfg.num_layers, cfg.head_dim, cfg.groups, cache,
                                       attention if attention is not None else AttentionSettings(),
                                       heads=cfg.num_heads, device=model.x_embedder.weight.device)
-        self._captions: list[torch.Tensor] | None = None
-        self._prompt: str | None = None
+        self._captions: list[list[torch.Tensor]] | None = None  # per video, per chunk: (L_j, caption_channels)
         self._pending: _Pending | None = None
         self._next_commit = 0
 
@@ -104,24 +106,43 @@ class MagiChunkwiseAdapter:
         return list(self.layers.probe_records) if self.layers.attention.probes else None
 
     def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None:
-        """Encode the prompt for every chunk (captions may differ per chunk, e.g. MAGI's duration tokens).
+        """One video: ``set_prompts([prompt])``."""
+        self.set_prompts([prompt], negative_prompt)
 
-        MAGI-1's unconditional passes use the learned null caption, so a negative prompt is not allowed.
+    def set_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> None:
+        """Encode one prompt per video of the batch, for every chunk (captions may differ per chunk, e.g.
+        MAGI's duration tokens, and per prompt in length).
+
+        Each prompt is encoded on its own, so a video's captions never depend on its batch. MAGI-1's
+        unconditional passes use the learned null caption, so a negative prompt is not allowed.
         """
+        if isinstance(prompts, str) or not prompts:
+            raise ValueError(f"prompts={prompts!r} is not allowed: give a non-empty list, one prompt per video")
         if negative_prompt:
             raise ValueError(f"negative_prompt={negative_prompt!r} is not allowed for MAGI-1: its unconditional "
                              "passes use the learned null caption")
-        self._prompt = prompt
-        self._captions = [c.to(self.device) for c in self.encode_prompt(prompt, self.generation.num_chunks)]
+        chunks = self.generation.num_chunks
+        self._captions = [[c.to(self.device) for c in self.encode_prompt(p, chunks)] for p in prompts]
+
+    @property
+    def batch_size(self) -> int:
+        """Videos per forward (the prompts of the last ``set_prompts``)."""
+        return len(self._captions) if self._captions is not None else 1
 
     def null_caption(self) -> torch.Tensor:
         """(null_caption_tokens, caption_channels): the valid part of the learned null caption."""
         return self.model.y_embedder.null_caption_embedding[: self.sampling.null_caption_tokens]
 
-    def caption(self, chunk_index: int) -> torch.Tensor:
+    def caption(self, chunk_index: int, sample: int = 0) -> torch.Tensor:
+        """(L, caption_channels): video ``sample``'s valid caption tokens for that chunk."""
         if self._captions is None:
             raise ValueError("no prompt: call set_prompt first")
-        return self._captions[min(chunk_index, len(self._captions) - 1)]
+        captions = self._captions[sample]
+        return captions[min(chunk_index, len(captions) - 1)]
+
+    def captions(self, chunk_index: int) -> list[torch.Tensor]:
+        """One caption per video of the batch for that chunk (their lengths may differ)."""
+        return [self.caption(chunk_index, b) for b in range(self.batch_size)]
 
     def distill_dt(self) -> float | None:
         """Distilled models' shortcut embedding input: magi.distill_dt, or steps / 4 * 2 (the official
@@ -131,10 +152,11 @@ class MagiChunkwiseAdapter:
         return self.sampling.distill_dt if self.sampling.distill_dt is not None else self.generation.steps / 4 * 2
 
     # --- forwards ----------------------------------------------------------------------------------------
-    def _run(self, x: torch.Tensor, t: Sequence[float], captions: list[torch.Tensor], dropped: Sequence[bool],
+    def _run(self, x: torch.Tensor, t: Sequence[float], captions: list[Caption], dropped: Sequence[bool],
              window: tuple[WindowChunk, ...], start_frame: int, pass_name: str, commit_position: int | None = None,
              use_cache: bool = True) -> torch.Tensor:
-        """One model pass over consecutive chunks (MAGI convention) -> (1, C, n*F, H, W) float32."""
+        """One model pass over consecutive chunks of every video (MAGI convention): x (B, C, n*F, H, W) ->
+        (B, C, n*F, H, W) float32; captions[j]: chunk j's, shared (a tensor) or one per video (a list)."""
         attend = WindowAttention(self.layers, window, pass_name, commit_position, use_cache)
         return self.model(x.to(self.device), torch.tensor([float(v) for v in t], device=self.device), captions,
                           torch.tensor(list(dropped), dtype=torch.bool, device=self.device), start_frame, attend,
@@ -144,11 +166,15 @@ class MagiChunkwiseAdapter:
     def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int, branch: str = "cond", *,
                        steps: Sequence[int | None] | None = None,
                        kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor:
-        """Generator-convention velocity (1, C, n*F, H, W) of n in-flight chunks at noise levels ``t``."""
+        """Generator-convention velocity (B, C, n*F, H, W) of n in-flight chunks (B, C, n*F, H, W) of every
+        video at noise levels ``t``."""
         if branch != "cond":
             raise ValueError(f"branch={branch!r} is not allowed for MAGI-1: its guidance passes run inside one "
                              "call (branch 'cond'); keep guidance_scale at 1")
         n, frames = len(t), chunks.shape[2]
+        if chunks.shape[0] != self.batch_size:
+            raise ValueError(f"chunks with batch {chunks.shape[0]} are not allowed: set_prompts gave "
+                             f"{self.batch_size} prompts, one per video")
         if n < 1 or frames % n:
             raise ValueError(f"t with {n} entries is not allowed: the {frames} frames must split into n equal chunks")
         steps = [None] * n if steps is None else list(steps)
@@ -172,8 +198,8 @@ class MagiChunkwiseAdapter:
         window = tuple(window)
         start = window[0].index * fpc
         commit = 0 if offset else None
-        null = self.null_caption()
-        texts = [null] * offset + [self.caption(c.index) for c in window[offset:]]
+        null = self.null_caption()  # shared by every video
+        texts = [null] * offset + [self.captions(c.index) for c in window[offset:]]  # in flight: one per video
         nulls = [null] * len(window)
         s = self.sampling
         if s.cfg_number == 1:
@@ -193,7 +219,7 @@ class MagiChunkwiseAdapter:
         return -v  # generator convention: v = eps - x0
 
     def _nearly_clean(self, v: torch.Tensor, chunks: torch.Tensor, times: list[float], window: tuple[WindowChunk, ...],
-                      fpc: int, texts: list[torch.Tensor]) -> torch.Tensor:
+                      fpc: int, texts: list[Caption]) -> torch.Tensor:
         """Distilled models: once the oldest in-flight chunk is past the threshold, mix its output with a pass
         over it alone (not cached): scale * v + (1 - scale) * v_alone."""
         s = self.sampling
@@ -211,7 +237,8 @@ class MagiChunkwiseAdapter:
     @torch.no_grad()
     def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str = "cond", *,
                kv_range: int | None = None) -> None:
-        """Remember the finished chunk; the next tick's forward re-runs it at clean_t and caches its K/V."""
+        """Remember the finished chunk (B, C, F, H, W); the next tick's forward re-runs it at clean_t and caches
+        its K/V (each video in its own cache rows)."""
         if chunk_index != self._next_commit:
             raise ValueError(f"chunk_index={chunk_index} is not allowed: chunks are committed in order and chunk "
                              f"{self._next_commit} is next")
@@ -224,22 +251,24 @@ class MagiChunkwiseAdapter:
                      dropped: Sequence[bool], key_ranges: Sequence[tuple[int, int]], start_frame: int = 0) -> torch.Tensor:
         """Reference: one MAGI-convention forward over consecutive chunks with no cache.
 
-        latents (1, C, n*F, H, W); chunk j has MAGI time chunk_t[j], caption captions[j], adaLN row dropped[j]
-        and attends to the chunks [key_ranges[j][0], key_ranges[j][1]) of this sequence (MAGI's k_range).
+        latents (B, C, n*F, H, W); chunk j has MAGI time chunk_t[j], caption captions[j] (shared, or one per
+        video), adaLN row dropped[j] and attends to the chunks [key_ranges[j][0], key_ranges[j][1]) of this
+        sequence (MAGI's k_range).
         """
         n = len(chunk_t)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            tokens = q.shape[2] // n  # q (1, H, S, D); k, v (1, H_kv, S, D)
+            tokens = q.shape[2] // n  # q (B, H, S, D); k, v (B, H_kv, S, D)
             return range_attention(q, k, v, tokens, [(a * tokens, b * tokens) for a, b in key_ranges])
 
         return self.model(latents.to(self.device), torch.tensor([float(v) for v in chunk_t], device=self.device),
-                          [c.to(self.device) for c in captions],
+                          [c.to(self.device) if isinstance(c, torch.Tensor) else [x.to(self.device) for x in c]
+                           for c in captions],
                           torch.tensor(list(dropped), dtype=torch.bool, device=self.device), start_frame, attend,
                           self.distill_dt()).float()
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """(1, C, F, H, W) -> (F', 3, H', W') video in [0, 1]."""
+        """(1, C, F, H, W) -> (F', 3, H', W') video in [0, 1] (one video: the generator decodes each alone)."""
         if self.decode_fn is None:
             raise ValueError("this MAGI-1 adapter has no decoder: pass decode= (the ViT VAE or a latent preview)")
         return self.decode_fn(latents)

@@ -5,6 +5,9 @@ NOT expanded (so ``nbytes`` counts KV heads). At attention time the visible cach
 in-flight chunks are expanded to the query heads (query head h reads KV head h // (H / H_kv)) and handed
 to the suite's attention functions, so quantization (on commit), the Jensen-bias correction and the
 probes are the same as for every other model.
+
+A batch of B videos runs in one forward: each cache holds B rows, one per video, each quantized as if alone
+(``ChunkedKVCache``), and the probes are computed video by video.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from jensenkv.attention.config import layer_strengths
 from jensenkv.correction import GroupSteps
 from jensenkv.attention.backends import get_backend
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
+from jensenkv.models.wan.processor import sample_segment
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,8 @@ def expand_segment(seg: CacheSegment, groups: int) -> CacheSegment:
 
 
 class MagiLayerCaches:
-    """The per-layer caches of one video and the settings that read them (MAGI's passes share one cache)."""
+    """The per-layer caches of a batch of videos (one row each) and the settings that read them (MAGI's
+    passes share one cache)."""
 
     def __init__(self, num_layers: int, head_dim: int, groups: int, cache_config: CacheConfig,
                  attention: AttentionSettings, heads: int | None = None, device: torch.device | str = "cpu"):
@@ -98,7 +103,7 @@ class WindowAttention:
         self.use_cache = use_cache
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (1, H, S, D); k, v (1, H_kv, S, D) over the window's chunks (equal lengths) -> (1, H, S, D)."""
+        """q (B, H, S, D); k, v (B, H_kv, S, D) over the window's chunks (equal lengths) -> (B, H, S, D)."""
         caches, groups = self.caches, self.caches.groups
         tokens = q.shape[2] // len(self.window)
         cached = caches.segments(layer) if self.use_cache else []
@@ -110,37 +115,45 @@ class WindowAttention:
             rows = slice(position * tokens, (position + 1) * tokens)
             keys = slice((position - in_flight) * tokens, (position + 1) * tokens)
             segments = limit_kv_range(cached, cache_limit)
-            q_c = q[:, :, rows]  # (1, H, T, D)
-            k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (1, H, (in_flight+1)*T, D)
+            q_c = q[:, :, rows]  # (B, H, T, D)
+            k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (B, H, (in_flight+1)*T, D)
             v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
             strength = caches.strengths[layer]
             outs.append(fn(q_c, k_c, v_c, segments, correction=settings.correction, strength=strength,
                            second_order=settings.second_order))
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):
-                from jensenkv.attention import attention_probes
-
-                values = attention_probes(q_c, k_c, v_c, segments, settings.correction, strength=strength,
-                                          second_order=settings.second_order)
-                if settings.diagnostics:
-                    from jensenkv.attention.diagnostics import segment_diagnostics
-
-                    values.update(segment_diagnostics(q_c, segments))
-                if settings.head_moments:
-                    from jensenkv.attention.diagnostics import head_shift_moments
-
-                    values.update(head_shift_moments(q_c, segments, settings.correction))
-                caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
-                                             "branch": self.pass_name, **values})
+                self._record_probes(layer, chunk, q_c, k_c, v_c, segments)
         if self.commit_position is not None:
             rows = slice(self.commit_position * tokens, (self.commit_position + 1) * tokens)
             self._commit(caches.caches[layer], k[:, :, rows], v[:, :, rows])
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (1, H, S, D)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
+
+    def _record_probes(self, layer: int, chunk: WindowChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       segments: list[CacheSegment]) -> None:
+        """One record per video of the batch (``sample``: its index), each computed on that video alone."""
+        from jensenkv.attention import attention_probes
+        from jensenkv.attention.diagnostics import head_shift_moments, segment_diagnostics
+
+        settings, strength = self.caches.attention, self.caches.strengths[layer]
+        batch = q.shape[0]
+        for sample in range(batch):
+            own = slice(sample, sample + 1)
+            q_s, k_s, v_s = (q, k, v) if batch == 1 else (q[own], k[own], v[own])  # (1, H, T, D)
+            segs = segments if batch == 1 else [sample_segment(seg, sample) for seg in segments]
+            values = attention_probes(q_s, k_s, v_s, segs, settings.correction, strength=strength,
+                                      second_order=settings.second_order)
+            if settings.diagnostics:
+                values.update(segment_diagnostics(q_s, segs))
+            if settings.head_moments:
+                values.update(head_shift_moments(q_s, segs, settings.correction))
+            self.caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
+                                              "branch": self.pass_name, "sample": sample, **values})
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if k.is_cuda:
             torch.cuda.synchronize(k.device)
         start = time.perf_counter()
-        cache.commit(k, v)  # (1, H_kv, T, D) each: KV heads only, quantized once, here
+        cache.commit(k, v)  # (B, H_kv, T, D) each: KV heads only, quantized once (per video), here
         if k.is_cuda:
             torch.cuda.synchronize(k.device)
         self.caches.quantize_seconds += time.perf_counter() - start

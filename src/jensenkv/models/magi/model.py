@@ -12,7 +12,7 @@ parameters' dtype.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -20,8 +20,12 @@ import torch.nn.functional as F
 
 from jensenkv.models.magi.config import MagiModelConfig
 
-# attend(layer_index, q (1, H, S, D), k (1, H_kv, S, D), v (1, H_kv, S, D)) -> (1, H, S, D)
+# attend(layer_index, q (B, H, S, D), k (B, H_kv, S, D), v (B, H_kv, S, D)) -> (B, H, S, D)
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# One chunk's caption: a (L, channels) tensor shared by every video of the batch, or a list of B tensors, one
+# per video (lengths may differ: each video's queries attend to its own valid tokens only)
+Caption = torch.Tensor | Sequence[torch.Tensor]
+TextKV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one caption, each (1, H_kv, L, D)
 FP32_MODULES = ("x_embedder", "t_embedder", "y_embedder", "rope", "final_linear", "final_layernorm",
                 "q_layernorm", "k_layernorm", "self_attn_post_norm", "mlp_post_norm")
 
@@ -155,36 +159,44 @@ class MagiAttention(nn.Module):
         self.k_layernorm_xattn = LayerNorm1p(cfg.head_dim, cfg.layernorm_epsilon)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        """(S, n*D) -> (1, n, S, D)."""
-        return x.unflatten(-1, (-1, self.cfg.head_dim)).transpose(0, 1).unsqueeze(0)
+        """(B, S, n*D) -> (B, n, S, D)."""
+        return x.unflatten(-1, (-1, self.cfg.head_dim)).transpose(1, 2)
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], text_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], text_kv: list[TextKV | list[TextKV]],
                 chunk_tokens: int, attend: AttendFn) -> torch.Tensor:
-        """h (S, hidden) -> (S, hidden); text_kv[j]: chunk j's caption (k, v), each (1, H_kv, L_j, D)."""
+        """h (B, S, hidden) -> (B, S, hidden); text_kv[j]: chunk j's caption (k, v), each (1, H_kv, L_j, D),
+        shared by every video, or a list of B such pairs, one per video."""
         dtype = h.dtype
         x = self.linear_qkv.layer_norm(h)
         sin, cos = rope
-        q = self._heads(self.linear_qkv.q(x))  # (1, H, S, D)
-        k = self._heads(self.linear_qkv.k(x))  # (1, H_kv, S, D)
-        v = self._heads(self.linear_qkv.v(x))  # (1, H_kv, S, D)
+        q = self._heads(self.linear_qkv.q(x))  # (B, H, S, D)
+        k = self._heads(self.linear_qkv.k(x))  # (B, H_kv, S, D)
+        v = self._heads(self.linear_qkv.v(x))  # (B, H_kv, S, D)
         q = apply_rope(self.q_layernorm(q.float()), sin, cos).to(dtype)  # fp32 norm + RoPE, then back
         k = apply_rope(self.k_layernorm(k.float()), sin, cos).to(dtype)
-        core = attend(self.layer_index, q, k, v)  # (1, H, S, D)
-        core = core.squeeze(0).transpose(0, 1).flatten(1).to(dtype)  # (S, H*D)
+        core = attend(self.layer_index, q, k, v)  # (B, H, S, D)
+        core = core.transpose(1, 2).flatten(2).to(dtype)  # (B, S, H*D)
 
-        qx = self.q_layernorm_xattn(self._heads(self.linear_qkv.qx(x)))  # (1, H, S, D), model dtype
-        groups = self.cfg.groups
+        qx = self.q_layernorm_xattn(self._heads(self.linear_qkv.qx(x)))  # (B, H, S, D), model dtype
         cross = []
-        for j, (kx, vx) in enumerate(text_kv):  # one chunk's queries over its own caption tokens
-            qj = qx[:, :, j * chunk_tokens:(j + 1) * chunk_tokens]
-            kx, vx = kx.repeat_interleave(groups, dim=1), vx.repeat_interleave(groups, dim=1)  # (1, H, L, D)
-            cross.append(F.scaled_dot_product_attention(qj, kx.to(qj.dtype), vx.to(qj.dtype)))  # (1, H, T, D)
-        cross = torch.cat(cross, dim=2).squeeze(0).transpose(0, 1).flatten(1)  # (S, H*D)
+        for j, kv in enumerate(text_kv):  # one chunk's queries over its own caption tokens
+            qj = qx[:, :, j * chunk_tokens:(j + 1) * chunk_tokens]  # (B, H, T, D)
+            if isinstance(kv, tuple):  # one caption for every video: one call for the batch
+                cross.append(self._cross(qj, *kv))
+            else:  # one caption per video, each of its own length: each video over its own tokens, exactly
+                cross.append(torch.cat([self._cross(qj[b:b + 1], *kv_b) for b, kv_b in enumerate(kv)]))
+        cross = torch.cat(cross, dim=2).transpose(1, 2).flatten(2)  # (B, S, H*D)
 
         blocks = self.cfg.proj_interleave_blocks
-        out = torch.cat([core, cross], dim=-1)  # (S, 2*H*D)
-        out = out.unflatten(-1, (2, blocks, -1)).transpose(1, 2).flatten(1)  # (n hn hd) -> (hn n hd)
+        out = torch.cat([core, cross], dim=-1)  # (B, S, 2*H*D)
+        out = out.unflatten(-1, (2, blocks, -1)).transpose(-3, -2).flatten(-3)  # (n hn hd) -> (hn n hd)
         return F.linear(out.float(), self.linear_proj.weight.float())  # fp32, as the official autocast
+
+    def _cross(self, q: torch.Tensor, kx: torch.Tensor, vx: torch.Tensor) -> torch.Tensor:
+        """Cross-attention of q (B, H, T, D) to one caption's kx, vx (1, H_kv, L, D) -> (B, H, T, D)."""
+        groups, batch = self.cfg.groups, q.shape[0]
+        kx, vx = (x.repeat_interleave(groups, dim=1).to(q.dtype).expand(batch, -1, -1, -1) for x in (kx, vx))
+        return F.scaled_dot_product_attention(q, kx, vx)  # kx, vx (B, H, L, D)
 
     def text_kv(self, y_xattn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """y_xattn (L, xattn_dim) valid caption tokens -> (k, v), each (1, H_kv, L, D); only k is normed."""
@@ -234,13 +246,13 @@ class TransformerLayer(nn.Module):
         self.mlp_post_norm = LayerNorm1p(cfg.hidden_size, cfg.layernorm_epsilon)
 
     def forward(self, h: torch.Tensor, condition: torch.Tensor, chunk_tokens: int, rope: tuple[torch.Tensor, torch.Tensor],
-                text_kv: list[tuple[torch.Tensor, torch.Tensor]], attend: AttendFn) -> torch.Tensor:
-        """h (S, hidden); condition (n, cond_dim) one row per chunk."""
+                text_kv: list[TextKV | list[TextKV]], attend: AttendFn) -> torch.Tensor:
+        """h (B, S, hidden); condition (n, cond_dim) one row per chunk, the same for every video."""
         dtype = h.dtype
         gates = self.ada_modulate_layer(condition.to(self.ada_modulate_layer.proj[0].weight.dtype))  # (n, 2*hidden)
         gates = torch.tanh(gates.float()).to(dtype)  # softcap with cap 1
         gate_msa, gate_mlp = (g.repeat_interleave(chunk_tokens, dim=0) for g in gates.chunk(2, dim=-1))  # (S, hidden)
-        attn = self.self_attention(h, rope, text_kv, chunk_tokens, attend)  # (S, hidden) fp32
+        attn = self.self_attention(h, rope, text_kv, chunk_tokens, attend)  # (B, S, hidden) fp32
         h = (self.self_attn_post_norm(attn.float() * gate_msa.float()) + h.float()).to(dtype)
         mlp = self.mlp(h)
         return (self.mlp_post_norm(mlp.float() * gate_mlp.float()) + h.float()).to(dtype)
@@ -260,7 +272,7 @@ class FinalLinear(nn.Module):
 
 
 class MagiDiT(nn.Module):
-    """MAGI-1's VideoDiT. ``forward`` runs n consecutive chunks of one video in one pass.
+    """MAGI-1's VideoDiT. ``forward`` runs n consecutive chunks of B videos in one pass.
 
     Inputs are MAGI-convention: time 0 = noise, 1 = clean; the output is the velocity towards clean.
     """
@@ -300,22 +312,26 @@ class MagiDiT(nn.Module):
                              f"the patch ({cfg.t_patch_size}, {cfg.patch_size}, {cfg.patch_size})")
         return frames // cfg.t_patch_size, height // cfg.patch_size, width // cfg.patch_size
 
-    def forward(self, x: torch.Tensor, chunk_t: torch.Tensor, captions: list[torch.Tensor], dropped: torch.Tensor,
+    def forward(self, x: torch.Tensor, chunk_t: torch.Tensor, captions: Sequence[Caption], dropped: torch.Tensor,
                 start_frame: int, attend: AttendFn, distill_dt: float | None = None) -> torch.Tensor:
-        """Velocity of n chunks.
+        """Velocity of n chunks of B videos in lock step (each video's rows computed as if alone).
 
-        x: (1, C, n*F, H, W) latents (VAE channels); chunk_t: (n,) MAGI time per chunk; captions[j]: chunk j's
-        valid caption tokens (L_j, caption_channels); dropped: (n,) bool, adaLN from the null caption's row -1
-        (True) or -2; start_frame: latent frame index of the first chunk (RoPE offset = frames before it);
-        distill_dt: the shortcut step embedding of distilled models (required iff config.distill).
-        Returns (1, C, n*F, H, W) float32.
+        x: (B, C, n*F, H, W) latents (VAE channels); chunk_t: (n,) MAGI time per chunk; captions[j]: chunk j's
+        valid caption tokens (L_j, caption_channels), one tensor for every video or a list of B, one per video;
+        dropped: (n,) bool, adaLN from the null caption's row -1 (True) or -2; start_frame: latent frame index
+        of the first chunk (RoPE offset = frames before it); distill_dt: the shortcut step embedding of
+        distilled models (required iff config.distill). Returns (B, C, n*F, H, W) float32.
         """
         cfg = self.config
         n = int(chunk_t.shape[0])
-        if x.ndim != 5 or x.shape[0] != 1:
-            raise ValueError(f"x.shape={tuple(x.shape)} is not allowed: expected (1, C, F, H, W)")
+        if x.ndim != 5:
+            raise ValueError(f"x.shape={tuple(x.shape)} is not allowed: expected (B, C, F, H, W)")
+        batch = x.shape[0]
         if len(captions) != n or dropped.shape != (n,):
             raise ValueError(f"captions ({len(captions)}) and dropped {tuple(dropped.shape)} need one entry per chunk ({n})")
+        for j, c in enumerate(captions):
+            if not isinstance(c, torch.Tensor) and len(c) != batch:
+                raise ValueError(f"captions[{j}] with {len(c)} per-video captions is not allowed: x has {batch} videos")
         if cfg.distill != (distill_dt is not None):
             raise ValueError(f"distill_dt={distill_dt!r} is not allowed: distilled models need it, others must not get it "
                              f"(config.distill={cfg.distill})")
@@ -325,46 +341,56 @@ class MagiDiT(nn.Module):
         x = x.float() * cfg.x_rescale_factor
         if cfg.half_channel_vae:
             x = torch.cat([x, x], dim=1)
-        x = self.x_embedder(x.to(self.x_embedder.weight.dtype))  # (1, hidden, T, H', W')
+        x = self.x_embedder(x.to(self.x_embedder.weight.dtype))  # (B, hidden, T, H', W')
         _, _, t_tok, h_tok, w_tok = x.shape
         if start_frame % cfg.t_patch_size:
             raise ValueError(f"start_frame={start_frame} must be a multiple of t_patch_size={cfg.t_patch_size}")
         first = start_frame // cfg.t_patch_size
         rope = self.rope(first + t_tok, h_tok, w_tok, t_tok)  # (S, 3n) each
-        h = x.flatten(2).squeeze(0).transpose(0, 1).to(dtype)  # (S, hidden), token order (T, H, W)
-        chunk_tokens = h.shape[0] // n
+        h = x.flatten(2).transpose(1, 2).to(dtype)  # (B, S, hidden), token order (T, H, W)
+        chunk_tokens = h.shape[1] // n
 
         condition = self.t_embedder(chunk_t.float())  # (n, cond_dim)
         if distill_dt is not None:
             condition = condition + self.t_embedder(torch.full_like(chunk_t.float(), float(distill_dt)))
         condition = (condition + self.y_embedder.adaln(dropped.to(condition.device))).to(dtype)  # (n, cond_dim)
-        y_xattn = [self.y_embedder.y_proj_xattn(c.to(self.y_embedder.y_proj_xattn[0].weight.dtype)).to(dtype)
-                   for c in captions]  # (L_j, xattn_dim)
+        y_xattn = [per_caption(c, self._embed_caption) for c in captions]  # (L_j, xattn_dim) each
 
         for layer in self.videodit_blocks.layers:
-            text_kv = [layer.self_attention.text_kv(y) for y in y_xattn]
+            text_kv = [per_caption(y, layer.self_attention.text_kv) for y in y_xattn]
             h = layer(h, condition, chunk_tokens, rope, text_kv, attend)
         h = self.videodit_blocks.final_layernorm(h.float())
-        out = F.linear(h, self.final_linear.linear.weight.float())  # (S, pT*pH*pW*C) fp32
+        out = F.linear(h, self.final_linear.linear.weight.float())  # (B, S, pT*pH*pW*C) fp32
         p, pt, c = cfg.patch_size, cfg.t_patch_size, cfg.out_channels
-        out = out.reshape(t_tok, h_tok, w_tok, pt, p, p, c).permute(6, 0, 3, 1, 4, 2, 5)  # (C, T, pT, H, pH, W, pW)
-        out = out.reshape(1, c, t_tok * pt, h_tok * p, w_tok * p)
+        out = out.reshape(batch, t_tok, h_tok, w_tok, pt, p, p, c)
+        out = out.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, T, pT, H, pH, W, pW)
+        out = out.reshape(batch, c, t_tok * pt, h_tok * p, w_tok * p)
         if cfg.half_channel_vae:
             out = out[:, : c // 2]
         return out / cfg.x_rescale_factor
+
+    def _embed_caption(self, caption: torch.Tensor) -> torch.Tensor:
+        """(L, caption_channels) -> (L, xattn_dim) cross-attention states, model dtype."""
+        proj = self.y_embedder.y_proj_xattn
+        return proj(caption.to(proj[0].weight.dtype)).to(self.dtype)
+
+
+def per_caption(caption, fn: Callable):
+    """fn applied to one caption: shared (a tensor) -> fn(caption); per video (a list) -> one result each."""
+    return fn(caption) if isinstance(caption, torch.Tensor) else [fn(c) for c in caption]
 
 
 def range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_tokens: int,
                     key_ranges: list[tuple[int, int]]) -> torch.Tensor:
     """MAGI's q_range / k_range attention without a cache: chunk j's queries attend keys [start_j, end_j).
 
-    q (1, H, S, D); k, v (1, H_kv, S, D) with KV heads shared by H / H_kv consecutive query heads.
+    q (B, H, S, D); k, v (B, H_kv, S, D) with KV heads shared by H / H_kv consecutive query heads.
     """
     groups = q.shape[1] // k.shape[1]
     outs = []
     for j, (start, end) in enumerate(key_ranges):
         qj = q[:, :, j * chunk_tokens:(j + 1) * chunk_tokens]
-        kj = k[:, :, start:end].repeat_interleave(groups, dim=1)  # (1, H, K, D)
+        kj = k[:, :, start:end].repeat_interleave(groups, dim=1)  # (B, H, K, D)
         vj = v[:, :, start:end].repeat_interleave(groups, dim=1)
-        outs.append(F.scaled_dot_product_attention(qj, kj, vj))  # (1, H, T, D)
-    return torch.cat(outs, dim=2)  # (1, H, S, D)
+        outs.append(F.scaled_dot_product_attention(qj, kj, vj))  # (B, H, T, D)
+    return torch.cat(outs, dim=2)  # (B, H, S, D)

@@ -1,0 +1,131 @@
+"""Every video of a MAGI-1 batch is the video it is alone: frames and latents to 1e-5 relative (max-norm), every
+probe value v to 1e-5 max(|v|, 1) (the rule of tests/test_batch_generation.py, where the floor is explained).
+
+The tiny MAGI-1 runs a batch of 3 (prompts of different caption lengths, a repeated prompt and a repeated seed)
+through the three guidance passes (cond, prefix, uncond) on the staircase with kv ranges and the clean-chunk
+refresh, and through the distilled single pass with its nearly-clean re-run; INT2 RTN per-tensor and per token
+group, correction none / taylor / exact, probes with diagnostics. A control shows that a cache mixing the
+videos' quantization statistics fails the same check.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.generate import generate_video, generate_videos
+from jensenkv.models.wan import AttentionSettings
+from jensenkv.quant import QuantConfig
+from magi_testkit import PROMPT, tiny_adapter
+
+TOLERANCE = 1e-5
+PROMPTS = [PROMPT, "a cat", PROMPT]  # 6 and 2 caption tokens; videos 0 and 2 share a prompt
+SEEDS = [3, 3, 11]                   # videos 0 and 1 share a seed
+PROBES = dict(probes=True, diagnostics=True, head_moments=True)
+DISTILLED = {"model_overrides": {"distill": True}, "magi": {"cfg_number": 1}}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+def max_probe_error(batched: list[dict], alone: list[dict]) -> float:
+    """Largest |b - a| / max(|a|, 1) over every numeric probe value (same records, same order)."""
+    assert len(batched) == len(alone) and batched
+    worst = 0.0
+    for b, a in zip(batched, alone):
+        assert b.keys() == a.keys() and all(b[k] == a[k] for k in ("layer", "step", "chunk", "branch"))
+        for key, value in a.items():
+            if isinstance(value, float) and math.isfinite(value):
+                worst = max(worst, abs(b[key] - value) / max(abs(value), 1.0))
+    return worst
+
+
+def batch_errors(adapter) -> dict[str, float]:
+    batched = generate_videos(adapter, PROMPTS, SEEDS)
+    errors = {"frames": 0.0, "latents": 0.0, "probes": 0.0}
+    for result, prompt, seed in zip(batched, PROMPTS, SEEDS):
+        alone = generate_video(adapter, prompt, seed)
+        errors["frames"] = max(errors["frames"], rel(result.video, alone.video))
+        errors["latents"] = max(errors["latents"], rel(result.latents, alone.latents))
+        errors["probes"] = max(errors["probes"], max_probe_error(result.probes, alone.probes))
+        assert result.timings["batch_size"] == len(PROMPTS) and alone.timings["batch_size"] == 1
+    return errors
+
+
+def int2(granularity: str) -> CacheConfig:
+    quant = QuantConfig(method="rtn", bits=2, granularity=granularity, group_size=8)
+    return CacheConfig(key=quant, value=quant)
+
+
+def pass_spy(adapter) -> list[str]:
+    """The names of the passes the adapter runs from now on (cond, prefix, uncond, alone)."""
+    names, run = [], adapter._run
+
+    def spy(x, t, captions, dropped, window, start_frame, pass_name, *args, **kwargs):
+        names.append(pass_name)
+        return run(x, t, captions, dropped, window, start_frame, pass_name, *args, **kwargs)
+
+    adapter._run = spy
+    return names
+
+
+CASES = {f"{mode}-{granularity}-{correction}": (mode, granularity, correction)
+         for mode in ("cfg3", "distilled") for granularity in ("tensor", "token_group")
+         for correction in ("none", "taylor", "exact")}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_batch_makes_each_video_as_alone(name):
+    mode, granularity, correction = CASES[name]
+    adapter = tiny_adapter(cache=int2(granularity), attention=AttentionSettings(correction=correction, **PROBES),
+                           **(DISTILLED if mode == "distilled" else {}))
+    passes = pass_spy(adapter)
+    errors = batch_errors(adapter)
+    assert max(errors.values()) <= TOLERANCE, errors
+    # what the case is about was run: the staircase with kv ranges, and the mode's passes
+    g = adapter.generation
+    assert g.window_size == 2 and g.kv_range == [2, 1] and g.commit_kv_range == 0
+    assert set(passes) == ({"cond", "alone"} if mode == "distilled" else {"cond", "prefix", "uncond"})
+
+
+def test_the_prompts_have_different_caption_lengths():
+    adapter = tiny_adapter()
+    adapter.set_prompts(PROMPTS)
+    lengths = [adapter.caption(0, b).shape[0] for b in range(len(PROMPTS))]
+    assert adapter.batch_size == 3 and lengths[0] == lengths[2] != lengths[1]
+
+
+def test_control_a_cache_that_mixes_the_videos_statistics_fails(monkeypatch):
+    """Quantize the batch as one tensor (per-tensor statistics over all videos): the check sees it."""
+    def mixed(self, k, v):
+        return self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
+
+    monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
+    adapter = tiny_adapter(cache=int2("tensor"), attention=AttentionSettings(correction="taylor", **PROBES))
+    errors = batch_errors(adapter)
+    assert errors["latents"] > 1e-3 and errors["probes"] > 1e-3, errors
+
+
+def test_probes_are_one_record_per_video_marked_by_sample():
+    adapter = tiny_adapter(cache=int2("token_group"), attention=AttentionSettings(correction="taylor", **PROBES))
+    generate_video(adapter, PROMPT, seed=0)
+    alone = adapter.probes()
+    assert alone and {r["sample"] for r in alone} == {0}  # batch 1: the records are unchanged but for sample 0
+    results = generate_videos(adapter, PROMPTS, SEEDS)
+    assert len(adapter.probes()) == len(PROMPTS) * len(alone)
+    assert all("sample" not in r.probes[0] and len(r.probes) == len(alone) for r in results)
+    assert {r["branch"] for r in alone} == {"cond", "prefix"}
+
+
+def test_a_batch_needs_its_prompts():
+    adapter = tiny_adapter()
+    with pytest.raises(ValueError, match="one prompt per video"):
+        adapter.set_prompts(PROMPT)
+    adapter.set_prompts(PROMPTS[:2])
+    c, h, w = adapter.latent_frame_shape
+    with pytest.raises(ValueError, match="set_prompts gave 2 prompts"):
+        adapter.denoise_window(torch.zeros(3, c, 2, h, w), [1.0], 0)
