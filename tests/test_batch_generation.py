@@ -130,3 +130,26 @@ def test_a_batch_needs_one_seed_per_prompt(tiny_wan_adapter):
     adapter = tiny_wan_adapter()
     with pytest.raises(ValueError, match="equally many"):
         generate_videos(adapter, PROMPTS, SEEDS[:2])
+
+
+def test_auto_on_a_gpu_fills_the_free_memory_by_the_per_video_model(monkeypatch):
+    """auto on CUDA: floor(0.8 x free / video_bytes), at least 1 and at most GPU_MAX_BATCH; the per-video bytes
+    grow with the cached chunks and double with the probes' reference copies."""
+    import dataclasses
+
+    from jensenkv.config import RunConfig
+    from jensenkv.models import family as family_module
+    from jensenkv.models.config import ModelConfig
+    from jensenkv.models.registry import family
+    from jensenkv.run.spec import resolve
+
+    spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
+    per_video = family_module.video_bytes(spec)
+    longer = dataclasses.replace(spec, generation=dataclasses.replace(spec.generation, num_chunks=8))
+    assert family_module.video_bytes(longer) > per_video
+    plain = dataclasses.replace(spec, eval=dataclasses.replace(spec.eval, metrics=["psnr"]))
+    assert spec.attention.probes and not plain.attention.probes
+    assert family_module.video_bytes(plain) < per_video
+    for free, expected in ((10 * per_video, 8), (per_video // 2, 1), (10_000 * per_video, family_module.GPU_MAX_BATCH)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 2 * free))
+        assert family("tiny").auto_batch_size(spec, "cuda") == expected
