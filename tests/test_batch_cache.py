@@ -91,3 +91,22 @@ def test_stack_samples_refuses_mixed_kinds():
     b = rtn_quantize(torch.randn(1, 2, 5, HEAD_DIM), 2, "token", 32)
     with pytest.raises(ValueError, match="one kind and one"):
         stack_samples([a, b])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_each_video_of_a_stack_is_its_stored_tensor_alone(name):
+    """video_of undoes stack_samples: video b's view reads (and is counted) exactly as its cache alone."""
+    quant = QuantConfig(**{"group_size": 8, **CONFIGS[name]})
+    cfg = CacheConfig(key=quant, value=quant)
+    k, v = chunks(3, num=1)[0], chunks(3, num=1, seed=1)[0]
+    batched = ChunkedKVCache(cfg, HEAD_DIM)
+    batched.commit(k, v)
+    seg = batched.segments()[0]
+    for b in range(3):
+        alone = ChunkedKVCache(cfg, HEAD_DIM)
+        alone.commit(k[b:b + 1], v[b:b + 1])
+        own, view = alone.segments()[0], seg.video(b)
+        assert view.stored_k.nbytes == own.stored_k.nbytes and view.stored_v.nbytes == own.stored_v.nbytes
+        torch.testing.assert_close(view.k, own.k, rtol=0, atol=0)
+        torch.testing.assert_close(view.v, own.v, rtol=0, atol=0)
+        torch.testing.assert_close(view.steps.step, own.steps.step, rtol=0, atol=0)

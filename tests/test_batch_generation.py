@@ -1,8 +1,13 @@
 """Every video of a batch is the video it is alone: frames and latents to 1e-5 relative (max-norm), every
-probe value v to 1e-5 max(|v|, 1). The floor is there because several probes are differences of O(1) masses
-(delta_p_s = p_s - p_s_ref, theta = Cov / Var): a batched GEMM moves p_s by float32 rounding (~1e-7), and a
-difference near 0 cannot keep that error relative to itself. Measured worst cases: frames 8e-7, latents 5e-7,
-masses 2e-7 relative, theta 6e-6 absolute.
+probe value v to 1e-5 max(|v|, 1) (several probes are differences of O(1) masses, delta_p_s = p_s - p_s_ref,
+that cannot keep a rounding error relative to themselves).
+
+On this CPU the SkyReels-V2 class (the built-in model's) is bit-identical batched and alone in every case.
+The Wan class is not: alone, its (B,) timestep embedding is a single-row matmul, which BLAS computes with
+another kernel than the rows of a batch, and a batched Conv3d patch embedding rounds differently. Those
+~1e-7 differences stay below 5e-6 in frames, but can flip an INT2 code of a committed chunk, which moves
+some probe values by up to ~1e-4 (measured 8.7e-5). So the Wan class is held to 1e-5 in frames and latents
+and 1e-3 in probes.
 
 The tiny random Wan-family models (SkyReels-V2 and Wan classes) run mixed prompts and seeds with CFG on, the
 staircase with kv ranges, sinks and windows, INT2 at every granularity (per-tensor included) and every
@@ -22,6 +27,7 @@ from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 
 TOLERANCE = 1e-5
+WAN_CLASS_PROBE_TOLERANCE = 1e-3  # a flipped INT2 code (module docstring)
 PROMPTS = ["a red square", "a blue circle moving left", "a red square"]
 SEEDS = [3, 3, 11]  # prompt 0 and 1 share a seed, prompt 0 and 2 share a prompt
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=4.0)
@@ -88,22 +94,17 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_a_batch_makes_each_video_as_alone(name, tiny_wan_adapter):
+def test_a_batch_makes_each_video_as_alone(name, cls, tiny_wan_adapter):
     cache, attention, generation = CASES[name]
     cfg = GenerationConfig(**{**GEN.__dict__, **generation})
     model = {"attention_head_dim": 16} if cache.key.rotation == "hadamard" else {}  # a power-of-two head dim
-    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, cache, AttentionSettings(**attention, **PROBES), cfg,
-                               **model)
+    adapter = tiny_wan_adapter(cls, cache, AttentionSettings(**attention, **PROBES), cfg, **model)
     errors = batch_errors(adapter, cfg)
-    assert max(errors.values()) <= TOLERANCE, errors
-
-
-@pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
-def test_both_transformer_classes_batch(cls, tiny_wan_adapter):
-    adapter = tiny_wan_adapter(cls, int2("tensor"), AttentionSettings(correction="taylor", **PROBES), GEN)
-    errors = batch_errors(adapter, GEN)
-    assert max(errors.values()) <= TOLERANCE, errors
+    probe_tolerance = TOLERANCE if cls is SkyReelsV2Transformer3DModel else WAN_CLASS_PROBE_TOLERANCE
+    assert errors["frames"] <= TOLERANCE and errors["latents"] <= TOLERANCE, errors
+    assert errors["probes"] <= probe_tolerance, errors
 
 
 def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter, monkeypatch):
@@ -113,9 +114,9 @@ def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter
         return self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
 
     monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
-    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2("tensor"), AttentionSettings(**PROBES), GEN)
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2("tensor"), AttentionSettings(), GEN)
     errors = batch_errors(adapter, GEN)
-    assert errors["latents"] > 1e-3 and errors["probes"] > 1e-3, errors
+    assert errors["frames"] > 1e-3 and errors["latents"] > 1e-3, errors
 
 
 def test_probes_split_by_video_and_branch(tiny_wan_adapter):

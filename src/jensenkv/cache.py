@@ -31,7 +31,7 @@ from jensenkv.checks import check_choice, check_int
 from jensenkv.correction import GroupSteps
 from jensenkv.quant import QuantConfig, QuantizedTensor, make_quantizer
 from jensenkv.quant.config import FLOAT_DTYPES
-from jensenkv.quant.samples import stack_samples
+from jensenkv.quant.samples import stack_samples, video_of
 from jensenkv.quant.tensors import FullPrecisionTensor
 
 BF16_BYTES = 2
@@ -177,6 +177,13 @@ class StoredSegment:
         self.v_shape = tuple(chunk.v.shape)  # (B, H, S, Dv)
         self.has_steps = not isinstance(chunk.k, FullPrecisionTensor)
 
+    def video(self, b: int) -> StoredSegment:
+        """Video b's rows of this chunk as a view of the stored form that video would have alone."""
+        own = slice(b, b + 1)
+        chunk = _StoredChunk(-1, False, video_of(self.stored_k, b), video_of(self.stored_v, b), self.k_shape[2],
+                             None if self.k_ref is None else self.k_ref[own], None if self.v_ref is None else self.v_ref[own])
+        return StoredSegment(chunk)
+
     @cached_property
     def k(self) -> torch.Tensor:
         return self.stored_k.dequantize()  # (B, H, S, D) float32, original basis
@@ -188,6 +195,17 @@ class StoredSegment:
     @cached_property
     def steps(self) -> GroupSteps | None:
         return self.stored_k.group_steps() if self.has_steps else None
+
+
+def video_segment(seg: StoredSegment | CacheSegment, b: int) -> StoredSegment | CacheSegment:
+    """Video b's rows of a cached segment ((1, H, K, D)): a cache's view as the stored form it had alone
+    (so the fast paths read it as they would alone), a hand-built segment by slicing its tensors."""
+    if isinstance(seg, StoredSegment):
+        return seg.video(b)
+    own = slice(b, b + 1)
+    steps = None if seg.steps is None else GroupSteps(seg.steps.step[own], seg.steps.rotation)
+    return CacheSegment(seg.k[own], seg.v[own], steps, None if seg.k_ref is None else seg.k_ref[own],
+                        None if seg.v_ref is None else seg.v_ref[own])
 
 
 class ChunkedKVCache:

@@ -1,4 +1,5 @@
-"""Stack per-video stored tensors along the batch axis, so a batch of videos is stored as each video alone.
+"""Stack per-video stored tensors along the batch axis, so a batch of videos is stored as each video alone,
+and take one video's stored tensor back out of a stack (``video_of``).
 
 A cache that holds a batch quantizes every video with its own quantizer (its own statistics, dither draws,
 k-means start and warm state: ``jensenkv.cache``), then stacks the stored forms here into one tensor of
@@ -68,3 +69,42 @@ def stack_samples(parts: list[QuantizedTensor]) -> QuantizedTensor:
         raise ValueError(f"stack_samples does not know how to stack {kind.__name__}")
     stacked.rotation = first.rotation  # every video's quantizer draws the same rotation from its seed
     return stacked
+
+
+def _video_rtn(stored: RTNTensor, b: int) -> RTNTensor:
+    batch = stored.shape[0]
+    shape = (1, *stored.shape[1:])
+    numel = shape[1] * shape[2] * shape[3]
+    if packed_nbytes(numel, stored.bits) * 8 == numel * stored.bits:
+        n = packed_nbytes(numel, stored.bits)
+        packed = stored.packed[b * n:(b + 1) * n].clone()
+    else:
+        packed = pack_codes(stored.codes()[b:b + 1], stored.bits, check=False)
+    dither = None
+    if stored.dither is not None:
+        if stored.dither.samples != batch:
+            raise ValueError("video_of needs a stacked tensor: this one's dither was drawn for the whole batch")
+        dither = dataclasses.replace(stored.dither, samples=1)
+    zero = None if stored.zero is None else stored.zero[b:b + 1].clone()
+    return RTNTensor(packed, stored.step[b:b + 1].clone(), zero, stored.bits,
+                     GroupLayout(stored.layout.granularity, stored.layout.group_size, shape), stored.rotation,
+                     stored.zero_point, dither)
+
+
+def video_of(stored: QuantizedTensor, b: int) -> QuantizedTensor:
+    """Video b's (1, H, S, D) stored tensor out of a stack (``stack_samples``): exactly the tensor it had alone."""
+    if stored.shape[0] == 1:
+        return stored
+    if isinstance(stored, FullPrecisionTensor):
+        video = FullPrecisionTensor(stored.data[b:b + 1], stored.data.dtype)
+    elif isinstance(stored, RTNTensor):
+        video = _video_rtn(stored, b)
+    elif isinstance(stored, ChannelMeanTensor):
+        video = ChannelMeanTensor(video_of(stored.inner, b), stored.mean[b:b + 1].clone())
+    elif isinstance(stored, QVGTensor):
+        video = QVGTensor([c[b:b + 1].clone() for c in stored.centroids], [a[b:b + 1].clone() for a in stored.assignments],
+                          _video_rtn(stored.residual, b), None, stored.spans)
+    else:
+        raise ValueError(f"video_of does not know how to split {type(stored).__name__}")
+    video.rotation = stored.rotation
+    return video

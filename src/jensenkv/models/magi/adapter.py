@@ -15,7 +15,10 @@
   nearly-clean re-run of the oldest chunk alone.
 * batch: ``set_prompts`` gives B videos, run in lock step (latents (B, C, n*F, H, W)): every pass is one
   forward for the whole batch, each video reading and writing its own cache rows (quantized per video) and
-  cross-attending to its own caption's valid tokens; the null caption is shared.
+  cross-attending to its own caption's valid tokens; the null caption is shared. Inside the forward the
+  patch embedding, the per-video captions' cross-attention and the exact correction's attention run video
+  by video, so that each video is computed bit for bit as alone on CPU (see ``MagiDiT.forward``,
+  ``WindowAttention._attend``).
 """
 from __future__ import annotations
 

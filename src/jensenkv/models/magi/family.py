@@ -37,7 +37,8 @@ class MagiFamily(ModelFamily):
     packages = (("transformers", "transformers"), ("safetensors", "safetensors"))
     # generation.batch_size=auto on a CPU, measured on model=magi1_tiny (INT2 RTN g32 + Taylor, 8 steps, 1 thread,
     # 2 shared cores; medians of 7 interleaved runs), videos per CPU second: 3.6 at batch 1, 5.2 at 2, 8.2 at 4,
-    # 9.9 at 8, 12.0 at 16, 13.3 at 24, 13.6 at 32, 12.8 at 48 (11.1 at 64 in a 5-run sweep)
+    # 9.9 at 8, 12.0 at 16, 13.3 at 24, 13.6 at 32, 12.8 at 48 (11.1 at 64 in a 5-run sweep); a rerun on a busier
+    # machine: 11.3 at 16, 12.0 at 24, 11.9 at 32, so 24-32 is the plateau
     cpu_batch_size = 32
     refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
                                   "form the Triton kernel reads; use cached, reference or flex"}

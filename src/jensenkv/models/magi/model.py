@@ -159,7 +159,8 @@ class MagiAttention(nn.Module):
         self.k_layernorm_xattn = LayerNorm1p(cfg.head_dim, cfg.layernorm_epsilon)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, S, n*D) -> (B, n, S, D)."""
+        """(B, S, n*D) -> (B, n, S, D); one video's (S, n*D) -> (1, n, S, D)."""
+        x = x.unsqueeze(0) if x.ndim == 2 else x
         return x.unflatten(-1, (-1, self.cfg.head_dim)).transpose(1, 2)
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], text_kv: list[TextKV | list[TextKV]],
@@ -341,7 +342,10 @@ class MagiDiT(nn.Module):
         x = x.float() * cfg.x_rescale_factor
         if cfg.half_channel_vae:
             x = torch.cat([x, x], dim=1)
-        x = self.x_embedder(x.to(self.x_embedder.weight.dtype))  # (B, hidden, T, H', W')
+        # video by video: on CPU a batched Conv3d rounds a video differently from the same video alone (the
+        # linear layers, norms and SDPA do not), and an INT2 commit can turn a 1e-7 difference into a flipped code
+        x = x.to(self.x_embedder.weight.dtype)
+        x = torch.cat([self.x_embedder(x[b:b + 1]) for b in range(batch)])  # (B, hidden, T, H', W')
         _, _, t_tok, h_tok, w_tok = x.shape
         if start_frame % cfg.t_patch_size:
             raise ValueError(f"start_frame={start_frame} must be a multiple of t_patch_size={cfg.t_patch_size}")
@@ -375,7 +379,7 @@ class MagiDiT(nn.Module):
         return proj(caption.to(proj[0].weight.dtype)).to(self.dtype)
 
 
-def per_caption(caption, fn: Callable):
+def per_caption(caption: Caption | list, fn: Callable):
     """fn applied to one caption: shared (a tensor) -> fn(caption); per video (a list) -> one result each."""
     return fn(caption) if isinstance(caption, torch.Tensor) else [fn(c) for c in caption]
 
