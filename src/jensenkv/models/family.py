@@ -73,6 +73,7 @@ class ModelFamily:
     threads: ClassVar[int | None] = None                 # torch threads when `threads` is null (None: cores shared)
     batches: ClassVar[bool] = True                       # its adapter runs several videos per forward
     cpu_batch_size: ClassVar[int] = 1                    # generation.batch_size=auto on a CPU (measured, README)
+    extra_chunks_in_flight: ClassVar[int] = 0            # chunks a forward carries beyond the window (MAGI: 1)
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -112,7 +113,7 @@ class ModelFamily:
         if device.type != "cuda" or spec.geometry is None:
             return self.cpu_batch_size
         free, _ = torch.cuda.mem_get_info(device)
-        return max(1, min(GPU_MAX_BATCH, int(GPU_MEMORY_SHARE * free // video_bytes(spec))))
+        return max(1, min(GPU_MAX_BATCH, int(GPU_MEMORY_SHARE * free // video_bytes(spec, self.extra_chunks_in_flight))))
 
     def check_backend(self, backend: str) -> None:
         """Every registered backend (jensenkv.attention.ATTENTION_BACKENDS) but the refused ones."""
@@ -152,10 +153,11 @@ GPU_MAX_BATCH = 64      # beyond this a forward is long enough: more videos only
 ACTIVATION_COPIES = 24  # live (tokens, hidden) float32 tensors of one block's forward (attention + 4x FFN)
 
 
-def video_bytes(spec: Any) -> int:
+def video_bytes(spec: Any, extra_chunks: int = 0) -> int:
     """GPU memory one video of a batch adds (the "auto" batch's model, README GPU-memory table): its caches
     in every branch and layer (full precision, the worst case: the BF16 reference; twice with the probes'
-    reference copies) and one block's activations over its tokens in flight. The attention paths tile their
+    reference copies) and one block's activations over its tokens in flight (the window, plus ``extra_chunks``
+    a family's forward carries, e.g. MAGI-1's refreshed clean chunk). The attention paths tile their
     score matrices to a fixed number of elements (``attention.probes.TILE_ELEMENTS``), so those do not grow
     with the batch, and each video is decoded alone."""
     g, gen = spec.geometry, spec.generation
@@ -165,7 +167,7 @@ def video_bytes(spec: Any) -> int:
     cache = 2 * g.layers * g.kv_heads * g.head_dim * tokens_cached * element * branches
     if spec.attention.probes:
         cache *= 2
-    in_flight = g.tokens_per_chunk * gen.window_size * branches
+    in_flight = g.tokens_per_chunk * (gen.window_size + extra_chunks) * branches
     activations = ACTIVATION_COPIES * in_flight * g.heads * g.head_dim * 4
     return cache + activations
 

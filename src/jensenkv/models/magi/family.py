@@ -40,6 +40,7 @@ class MagiFamily(ModelFamily):
     # 9.9 at 8, 12.0 at 16, 13.3 at 24, 13.6 at 32, 12.8 at 48 (11.1 at 64 in a 5-run sweep); a rerun on a busier
     # machine: 11.3 at 16, 12.0 at 24, 11.9 at 32, so 24-32 is the plateau
     cpu_batch_size = 32
+    extra_chunks_in_flight = 1  # the finished chunk re-run at clean_t in the next tick's forward
     refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
                                   "form the Triton kernel reads; use cached, reference or flex"}
 
