@@ -2,16 +2,10 @@
 probe value v to 1e-5 max(|v|, 1) (several probes are differences of O(1) masses, delta_p_s = p_s - p_s_ref,
 that cannot keep a rounding error relative to themselves).
 
-On this CPU the SkyReels-V2 class (the built-in model's) is bit-identical batched and alone in every case.
-The Wan class is not: alone, its (B,) timestep embedding is a single-row matmul, which BLAS computes with
-another kernel than the rows of a batch, and a batched Conv3d patch embedding rounds differently. Those
-~1e-7 differences stay below 5e-6 in frames, but can flip an INT2 code of a committed chunk, which moves
-some probe values by up to ~1e-4 (measured 8.7e-5). So the Wan class is held to 1e-5 in frames and latents
-and 1e-3 in probes.
-
-The tiny random Wan-family models (SkyReels-V2 and Wan classes) run mixed prompts and seeds with CFG on, the
-staircase with kv ranges, sinks and windows, INT2 at every granularity (per-tensor included) and every
-correction. A control shows that a cache mixing the videos' quantization statistics fails the same check.
+On this CPU both transformer classes are bit-identical batched and alone in every case below: the Wan
+adapter runs the Wan class's Conv3d patch embedding one video at a time and gives it per-token timesteps
+(batched, those two steps rounded a video differently from the video alone, ~1e-7, enough to flip an INT2
+code of a committed chunk), and the exact correction's attention runs video by video.
 """
 from __future__ import annotations
 
@@ -27,7 +21,6 @@ from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 
 TOLERANCE = 1e-5
-WAN_CLASS_PROBE_TOLERANCE = 1e-3  # a flipped INT2 code (module docstring)
 PROMPTS = ["a red square", "a blue circle moving left", "a red square"]
 SEEDS = [3, 3, 11]  # prompt 0 and 1 share a seed, prompt 0 and 2 share a prompt
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=4.0)
@@ -102,9 +95,7 @@ def test_a_batch_makes_each_video_as_alone(name, cls, tiny_wan_adapter):
     model = {"attention_head_dim": 16} if cache.key.rotation == "hadamard" else {}  # a power-of-two head dim
     adapter = tiny_wan_adapter(cls, cache, AttentionSettings(**attention, **PROBES), cfg, **model)
     errors = batch_errors(adapter, cfg)
-    probe_tolerance = TOLERANCE if cls is SkyReelsV2Transformer3DModel else WAN_CLASS_PROBE_TOLERANCE
-    assert errors["frames"] <= TOLERANCE and errors["latents"] <= TOLERANCE, errors
-    assert errors["probes"] <= probe_tolerance, errors
+    assert max(errors.values()) <= TOLERANCE, errors
 
 
 def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter, monkeypatch):

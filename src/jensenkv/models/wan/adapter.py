@@ -22,6 +22,17 @@ def pixel_decode(latents: torch.Tensor) -> torch.Tensor:
     return ((latents[0].permute(1, 0, 2, 3).float() + 1) / 2).clamp(0, 1)
 
 
+def run_per_video(module: torch.nn.Module) -> None:
+    """Make ``module`` run its input (B, ...) one batch row (video) at a time, through an instance ``forward``
+    (the weights and state dict are untouched; deleting the attribute restores the class's forward)."""
+    stock = type(module).forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([stock(module, x[b:b + 1]) for b in range(x.shape[0])])
+
+    module.forward = forward
+
+
 class ChunkwiseAdapter:
     """A Wan-family transformer driven chunk by chunk over per-layer quantized KV caches.
 
@@ -53,6 +64,8 @@ class ChunkwiseAdapter:
         generation.validate()
         self.transformer = transformer.eval()
         self.is_skyreels = isinstance(transformer, SkyReelsV2Transformer3DModel)
+        if not self.is_skyreels:  # its batched Conv3d patch embedding rounds a video unlike the video alone
+            run_per_video(transformer.patch_embedding)
         self._stock_frames_per_block = getattr(transformer.config, "num_frame_per_block", None)
         if self.is_skyreels and transformer.config.num_frame_per_block != 1:
             # The processors own causality; a model-built mask would only cost an (S, S) tensor per forward.
@@ -190,10 +203,11 @@ class ChunkwiseAdapter:
             kwargs["enable_diffusion_forcing"] = True  # per-frame timesteps (B, F)
             if self.transformer.config.inject_sample_info:
                 kwargs["fps"] = [0 if self.fps == 16 else 1] * b
-        elif bool((timestep == timestep[:, :1]).all()):
-            timestep = timestep[:, 0]  # (B,): one timestep for the whole input
         else:
-            timestep = timestep.repeat_interleave(self.state.tokens_per_frame, dim=1)  # (B, S) per token
+            # per token, even when every token shares one t: a (B,) timestep makes the time embedding a B-row
+            # matmul, which BLAS computes for B = 1 with another kernel than for a batch's rows, so a video alone
+            # would round differently from the same video in a batch
+            timestep = timestep.repeat_interleave(self.state.tokens_per_frame, dim=1)  # (B, S)
         text = torch.cat([self._prompt_embeds[branch].expand(latents.shape[0] // n, -1, -1)
                           for branch in branches])  # (n * B, L, text_dim); one prompt serves a whole batch
         out = self.transformer(hidden_states=latents.to(self.device, self.dtype), timestep=timestep,
@@ -296,7 +310,8 @@ class ChunkwiseAdapter:
         return self.decode_fn(latents)
 
     def remove(self) -> None:
-        """Restore the stock self-attention processors and remove the RoPE hook."""
+        """Restore the stock self-attention processors and patch embedding, and remove the RoPE hook."""
+        self.transformer.patch_embedding.__dict__.pop("forward", None)  # its class's forward again
         procs = {f"{name}.processor": (type(m)._default_processor_cls() if name.endswith(".attn1") else m.processor)
                  for name, m in self.transformer.named_modules() if hasattr(m, "get_processor")}
         self.transformer.set_attn_processor(procs)
