@@ -9,54 +9,20 @@ code of a committed chunk), and the exact correction's attention runs video by v
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generate import GenerationConfig, generate_video, generate_videos
+from jensenkv.generate import GenerationConfig, generate_videos
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
+from batch_testkit import TOLERANCE, batch_errors
 
-TOLERANCE = 1e-5
 PROMPTS = ["a red square", "a blue circle moving left", "a red square"]
 SEEDS = [3, 3, 11]  # prompt 0 and 1 share a seed, prompt 0 and 2 share a prompt
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=4.0)
 PROBES = dict(probes=True, diagnostics=True, head_moments=True)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
-
-
-def max_probe_error(batched: list[dict], alone: list[dict]) -> float:
-    """Largest |b - a| / max(|a|, 1) over every numeric probe value (same records, same order)."""
-    assert len(batched) == len(alone) and batched
-    worst = 0.0
-    for b, a in zip(batched, alone):
-        assert b.keys() == a.keys() and all(b[k] == a[k] for k in ("layer", "step", "chunk", "branch"))
-        for key, value in a.items():
-            if isinstance(value, float) and math.isfinite(value):
-                worst = max(worst, abs(b[key] - value) / max(abs(value), 1.0))
-    return worst
-
-
-def batch_errors(adapter, cfg: GenerationConfig) -> dict[str, float]:
-    batched = generate_videos(adapter, PROMPTS, SEEDS, cfg)
-    errors = {"frames": 0.0, "latents": 0.0, "probes": 0.0}
-    for result, prompt, seed in zip(batched, PROMPTS, SEEDS):
-        alone = generate_video(adapter, prompt, seed, cfg)
-        errors["frames"] = max(errors["frames"], rel(result.video, alone.video))
-        errors["latents"] = max(errors["latents"], rel(result.latents, alone.latents))
-        if alone.probes is not None:
-            errors["probes"] = max(errors["probes"], max_probe_error(result.probes, alone.probes))
-        else:
-            assert result.probes is None
-        assert result.timings["batch_size"] == len(PROMPTS) and alone.timings["batch_size"] == 1
-    return errors
 
 
 def int2(granularity: str = "token_group", **extra) -> CacheConfig:
@@ -94,7 +60,7 @@ def test_a_batch_makes_each_video_as_alone(name, cls, tiny_wan_adapter):
     cfg = GenerationConfig(**{**GEN.__dict__, **generation})
     model = {"attention_head_dim": 16} if cache.key.rotation == "hadamard" else {}  # a power-of-two head dim
     adapter = tiny_wan_adapter(cls, cache, AttentionSettings(**attention, **PROBES), cfg, **model)
-    errors = batch_errors(adapter, cfg)
+    errors = batch_errors(adapter, PROMPTS, SEEDS, cfg)
     assert max(errors.values()) <= TOLERANCE, errors
 
 
@@ -106,7 +72,7 @@ def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter
 
     monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
     adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2("tensor"), AttentionSettings(), GEN)
-    errors = batch_errors(adapter, GEN)
+    errors = batch_errors(adapter, PROMPTS, SEEDS, GEN)
     assert errors["frames"] > 1e-3 and errors["latents"] > 1e-3, errors
 
 

@@ -14,7 +14,6 @@ the video by 1e-3. Before the patch embedding (Conv3d) and the exact correction'
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -23,42 +22,13 @@ from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generate import generate_video, generate_videos
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
+from batch_testkit import TOLERANCE, batch_errors
 from magi_testkit import PROMPT, tiny_adapter
 
-TOLERANCE = 1e-5
 PROMPTS = [PROMPT, "a cat", PROMPT]  # 6 and 2 caption tokens; videos 0 and 2 share a prompt
 SEEDS = [3, 3, 11]                   # videos 0 and 1 share a seed
 PROBES = dict(probes=True, diagnostics=True, head_moments=True)
 DISTILLED = {"model_overrides": {"distill": True}, "magi": {"cfg_number": 1}}
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
-
-
-def max_probe_error(batched: list[dict], alone: list[dict]) -> float:
-    """Largest |b - a| / max(|a|, 1) over every numeric probe value (same records, same order)."""
-    assert len(batched) == len(alone) and batched
-    worst = 0.0
-    for b, a in zip(batched, alone):
-        assert b.keys() == a.keys() and all(b[k] == a[k] for k in ("layer", "step", "chunk", "branch"))
-        for key, value in a.items():
-            if isinstance(value, float) and math.isfinite(value):
-                worst = max(worst, abs(b[key] - value) / max(abs(value), 1.0))
-    return worst
-
-
-def batch_errors(adapter) -> dict[str, float]:
-    batched = generate_videos(adapter, PROMPTS, SEEDS)
-    errors = {"frames": 0.0, "latents": 0.0, "probes": 0.0}
-    for result, prompt, seed in zip(batched, PROMPTS, SEEDS):
-        alone = generate_video(adapter, prompt, seed)
-        errors["frames"] = max(errors["frames"], rel(result.video, alone.video))
-        errors["latents"] = max(errors["latents"], rel(result.latents, alone.latents))
-        errors["probes"] = max(errors["probes"], max_probe_error(result.probes, alone.probes))
-        assert result.timings["batch_size"] == len(PROMPTS) and alone.timings["batch_size"] == 1
-    return errors
 
 
 def int2(granularity: str) -> CacheConfig:
@@ -89,7 +59,7 @@ def test_a_batch_makes_each_video_as_alone(name):
     adapter = tiny_adapter(cache=int2(granularity), attention=AttentionSettings(correction=correction, **PROBES),
                            **(DISTILLED if mode == "distilled" else {}))
     passes = pass_spy(adapter)
-    errors = batch_errors(adapter)
+    errors = batch_errors(adapter, PROMPTS, SEEDS)
     assert max(errors.values()) <= TOLERANCE, errors
     # what the case is about was run: the staircase with kv ranges, and the mode's passes
     g = adapter.generation
@@ -111,7 +81,7 @@ def test_control_a_cache_that_mixes_the_videos_statistics_fails(monkeypatch):
 
     monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
     adapter = tiny_adapter(cache=int2("tensor"), attention=AttentionSettings(correction="taylor", **PROBES))
-    errors = batch_errors(adapter)
+    errors = batch_errors(adapter, PROMPTS, SEEDS)
     assert errors["latents"] > 1e-3 and errors["probes"] > 1e-3, errors
 
 
