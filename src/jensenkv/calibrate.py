@@ -171,8 +171,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
     jobs = [(p, s) for p in spec.prompts for s in spec.eval.seeds]
     moments = np.zeros((layers, heads, len(jobs), len(HEAD_MOMENT_KEYS)))  # (L, H, V, 6)
     records = 0
-    size = spec.generation.batch_size
-    size = family(spec.model.kind).auto_batch_size(spec, spec.model.device) if size == "auto" else int(size)
+    size = family(spec.model.kind).batch_size(spec, len(jobs))
     with tqdm(total=len(jobs), desc=f"calibrate {name}", unit="video", leave=False) as bar:
         for first in range(0, len(jobs), size):
             batch = jobs[first:first + size]

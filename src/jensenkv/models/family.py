@@ -102,6 +102,14 @@ class ModelFamily:
             fail("generation.batch_size", generation.batch_size,
                  f"model.kind={self.kind} generates one video at a time: use 1 or auto")
 
+    def batch_size(self, spec: Any, videos: int) -> int:
+        """Videos per batch for a run of ``videos``: generation.batch_size, or "auto" (``auto_batch_size`` on
+        model.device), clipped to the videos (at least 1)."""
+        size = spec.generation.batch_size
+        if size == "auto":
+            size = self.auto_batch_size(spec, spec.model.device)
+        return max(1, min(int(size), videos))
+
     def auto_batch_size(self, spec: Any, device: Any) -> int:
         """generation.batch_size=auto: 1 where the family cannot batch; on a CPU its measured default; on a GPU
         as many videos as the free memory holds by ``video_bytes`` (after the model is loaded)."""

@@ -164,14 +164,6 @@ class Runner:
                                        "(`make fetch-weights`, `make train-tiny`)") from None
         return self._adapter
 
-    def batch_size(self, videos: int) -> int:
-        """Videos per batch: generation.batch_size, or the family's choice for the device ("auto"), clipped to
-        the run's videos."""
-        size = self.spec.generation.batch_size
-        if size == "auto":
-            size = family(self.spec.model.kind).auto_batch_size(self.spec, self.spec.model.device)
-        return max(1, min(int(size), videos))
-
     def references(self, jobs: list[tuple[str, int]]) -> list[tuple[str, Any]]:
         """(ref id, (F, C, H, W) uint8 video) per (prompt, seed): loaded from results/refs/, the missing ones
         generated together as one batch and each stored as it is finished."""
@@ -204,10 +196,6 @@ class Runner:
                         atomic_write(self.store.ref_path(ref_id), lambda f, payload=payload: torch.save(payload, f))
                         log.info("stored BF16 reference %s for %r seed %d", ref_id, prompt, seed)
         return [(ref_id, torch.load(self.store.ref_path(ref_id), weights_only=True)["video"]) for ref_id in ids]
-
-    def reference(self, prompt: str, seed: int) -> tuple[str, Any]:
-        """(ref id, (F, C, H, W) uint8 video) of one (prompt, seed)."""
-        return self.references([(prompt, seed)])[0]
 
     def generate(self, jobs: list[tuple[str, int]]) -> list[tuple[Any, list[dict] | None, dict, dict]]:
         """(uint8 video, probes, timings, cache stats) of the quantized run, per (prompt, seed), as one batch."""
@@ -260,15 +248,6 @@ class Runner:
                                    f"generation.batch_size={max(1, len(batch) // 2)}") from None
         for (index, prompt, seed), (ref_id, ref), made in zip(batch, references, generated):
             self.score(index, prompt, seed, ref_id, ref, *made)
-
-    def prompt_result(self, index: int, prompt: str, seed: int) -> dict:
-        """Generate and score one (prompt, seed); saved atomically so a rerun skips it."""
-        from jensenkv.tracking import read_json
-
-        path = self.store.prompt_result_path(self.run_id, index)
-        if not path.exists():
-            self.prompt_results([(index, prompt, seed)])
-        return read_json(path)
 
     def score(self, index: int, prompt: str, seed: int, ref_id: str, ref: Any, video: Any,
               probes: list[dict] | None, timings: dict, stats: dict) -> dict:
@@ -371,16 +350,19 @@ class Runner:
         import torch
         from tqdm.auto import tqdm
 
+        from jensenkv.tracking import read_json
+
         self.store.clean_run_tmp(self.run_id)
         threads = self.spec.threads or default_threads(self.spec.model)
         if threads:
             torch.set_num_threads(threads)
-        from jensenkv.tracking import read_json
-
         start = time.perf_counter()
-        jobs = [(i, p, s) for i, (p, s) in enumerate((p, s) for p in self.spec.prompts for s in self.spec.eval.seeds)]
+        pairs = [(p, s) for p in self.spec.prompts for s in self.spec.eval.seeds]
+        jobs = [(index, prompt, seed) for index, (prompt, seed) in enumerate(pairs)]
         todo = [job for job in jobs if not self.store.prompt_result_path(self.run_id, job[0]).exists()]
-        size = self.batch_size(len(todo)) if todo else 1
+        if todo and self.spec.generation.batch_size == "auto" and torch.device(self.spec.model.device).type == "cuda":
+            self.adapter  # noqa: B018 - load the weights first: auto divides the memory left free after them
+        size = family(self.spec.model.kind).batch_size(self.spec, len(todo))
         with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"run {self.run_id} ({self.spec.key.label})",
                   unit="video", leave=False) as bar:
             for first in range(0, len(todo), size):

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache, video_segment
+from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
 from jensenkv.attention.config import layer_strengths
+from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.correction import GroupSteps
 from jensenkv.attention.backends import get_backend
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
@@ -116,7 +117,7 @@ class WindowAttention:
             q_c = q[:, :, rows]  # (B, H, T, D)
             k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (B, H, (in_flight+1)*T, D)
             v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
-            outs.append(self._attend(fn, layer, q_c, k_c, v_c, segments))
+            outs.append(attend_videos(fn, q_c, k_c, v_c, segments, self.caches.attention, self.caches.strengths[layer]))
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):
                 self._record_probes(layer, chunk, q_c, k_c, v_c, segments)
         if self.commit_position is not None:
@@ -124,42 +125,12 @@ class WindowAttention:
             self._commit(caches.caches[layer], k[:, :, rows], v[:, :, rows])
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
-    def _attend(self, fn: Callable[..., torch.Tensor], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                segments: list[CacheSegment]) -> torch.Tensor:
-        """One chunk's attention, q (B, H, T, D) over its keys k, v (B, H, K, D) and cached segments -> (B, H, T, D).
-
-        The exact correction runs video by video: its bias is normalized by the largest |q| and step of the
-        whole call (and its series length or elementwise form chosen from them), so batched its rounding would
-        depend on the other videos, and a rounding difference of 1e-7 can flip an INT2 code at the next commit.
-        """
-        settings = self.caches.attention
-        kwargs = dict(correction=settings.correction, strength=self.caches.strengths[layer],
-                      second_order=settings.second_order)
-        if settings.correction != "exact" or q.shape[0] == 1 or not segments:
-            return fn(q, k, v, segments, **kwargs)
-        return torch.cat([fn(q[b:b + 1], k[b:b + 1], v[b:b + 1], [video_segment(seg, b) for seg in segments], **kwargs)
-                          for b in range(q.shape[0])])
-
     def _record_probes(self, layer: int, chunk: WindowChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment]) -> None:
-        """One record per video of the batch (``sample``: its index), each computed on that video alone."""
-        from jensenkv.attention import attention_probes
-        from jensenkv.attention.diagnostics import head_shift_moments, segment_diagnostics
-
-        settings, strength = self.caches.attention, self.caches.strengths[layer]
-        batch = q.shape[0]
-        for sample in range(batch):
-            own = slice(sample, sample + 1)
-            q_s, k_s, v_s = (q, k, v) if batch == 1 else (q[own], k[own], v[own])  # (1, H, T, D)
-            segs = segments if batch == 1 else [video_segment(seg, sample) for seg in segments]
-            values = attention_probes(q_s, k_s, v_s, segs, settings.correction, strength=strength,
-                                      second_order=settings.second_order)
-            if settings.diagnostics:
-                values.update(segment_diagnostics(q_s, segs))
-            if settings.head_moments:
-                values.update(head_shift_moments(q_s, segs, settings.correction))
+        """One record per video of the batch, each computed on that video alone (``probe_videos``)."""
+        for values in probe_videos(q, k, v, segments, self.caches.attention, self.caches.strengths[layer]):
             self.caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
-                                              "branch": self.pass_name, "sample": sample, **values})
+                                              "branch": self.pass_name, **values})
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if k.is_cuda:

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-from jensenkv.attention import attention_probes, get_backend
-from jensenkv.attention.diagnostics import head_shift_moments, segment_diagnostics
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache, video_segment
+from jensenkv.attention import get_backend
+from jensenkv.attention.videos import attend_videos, probe_videos
+from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
 from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, AttentionSettings, ChunkState, InFlightChunk
 
 
@@ -150,40 +150,17 @@ class CachedSelfAttnProcessor:
             keys = slice((position - in_flight) * tokens, (position + 1) * tokens)  # earlier in-flight + itself
             segments = limit_kv_range(cached, cache_limit)
             q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
-            outs.append(self._attend(attend, q_c, k_c, v_c, segments))  # (B, H, T, D)
+            outs.append(attend_videos(attend, q_c, k_c, v_c, segments, self.attention, self.strength))  # (B, H, T, D)
             if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
                 self._record_probes(q_c, k_c, v_c, segments, chunk, branch)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
-    def _attend(self, attend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                segments: list[CacheSegment]) -> torch.Tensor:
-        """One chunk's attention, q (B, H, T, D) over k, v (B, H, K, D) and the cached segments -> (B, H, T, D).
-
-        The exact correction runs video by video: its bias is normalized by the largest |q| and step of the
-        whole call (and its series length chosen from them), so batched, a video's rounding would depend on the
-        others, and a 1e-7 difference can flip an INT2 code at the next commit."""
-        kwargs = dict(correction=self.attention.correction, strength=self.strength,
-                      second_order=self.attention.second_order)
-        if self.attention.correction != "exact" or q.shape[0] == 1 or not segments:
-            return attend(q, k, v, segments, **kwargs)
-        return torch.cat([attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], [video_segment(seg, b) for seg in segments],
-                                 **kwargs) for b in range(q.shape[0])])
-
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        segments: list[CacheSegment], chunk: InFlightChunk, branch: str) -> None:
-        """One record per video of the batch (``sample``: its index), each computed on that video alone."""
-        for sample in range(q.shape[0]):
-            own = slice(sample, sample + 1)
-            q_s, k_s, v_s = (q, k, v) if q.shape[0] == 1 else (q[own], k[own], v[own])  # (1, H, T, D)
-            segs = segments if q.shape[0] == 1 else [video_segment(seg, sample) for seg in segments]
-            values = attention_probes(q_s, k_s, v_s, segs, self.attention.correction, strength=self.strength,
-                                      second_order=self.attention.second_order)
-            if self.attention.diagnostics:
-                values.update(segment_diagnostics(q_s, segs))
-            if self.attention.head_moments:
-                values.update(head_shift_moments(q_s, segs, self.attention.correction))
+        """One record per video of the batch, each computed on that video alone (``probe_videos``)."""
+        for values in probe_videos(q, k, v, segments, self.attention, self.strength):
             self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step, "chunk": chunk.index,
-                                             "branch": branch, "sample": sample, **values})
+                                             "branch": branch, **values})
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if not self.state.time_quantize:
