@@ -42,7 +42,8 @@ def check_model(name: str, cfg: Mapping[str, Any]) -> Check:
         return Check(f"model {name}", notes=[f"model.kind={kind!r}: readiness is only known for kinds "
                                               f"{', '.join(FAMILIES)}"])
     own = family(kind)
-    return Check(f"model {name}", files=own.files(own.view(cfg)), modules=module_checks(own.packages))
+    return Check(f"model {name}", files=own.files(own.view(cfg)), modules=module_checks(own.packages),
+                 terms=[own.licence] if own.licence else [])
 
 
 def readiness(metrics: Sequence[str], vbench_dimensions: Sequence[str] = (), lpips_net: str = "alex",
@@ -73,6 +74,7 @@ def format_report(checks: Sequence[Check]) -> str:
         lines += [f"    {'imports' if err is None else 'FAILS  '}  module {m}" + ("" if err is None else
                   f" ({err}; pip: {pip})") for m, pip, err in c.modules]
         lines += [f"    note     {n}" for n in c.notes]
+        lines += [f"    licence  {t}" for t in c.terms]
         if not c.ready and c.fix():
             lines.append(f"    fix      {c.fix()}")
     ready = sum(c.ready for c in checks)

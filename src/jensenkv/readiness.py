@@ -27,6 +27,7 @@ class Check:
     files: list[tuple[Path, bool]] = field(default_factory=list)  # (exact path looked in, present)
     modules: list[tuple[str, str, str | None]] = field(default_factory=list)  # (module, pip name, import error)
     notes: list[str] = field(default_factory=list)  # reasons that are neither a file nor a module
+    terms: list[str] = field(default_factory=list)  # conditions of use shown with it (a licence): not a reason
 
     @property
     def ready(self) -> bool:

@@ -60,7 +60,10 @@ class ModelBase:
         own.check(self)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field, but those only later families declare (``LATER_FIELDS``) only when set, so a model
+        that leaves them null keeps its run id."""
+        values = dataclasses.asdict(self)
+        return {k: v for k, v in values.items() if not (k in LATER_FIELDS and v is None)}
 
 
 def family_fields() -> dict[str, tuple[Any, Any]]:
@@ -77,6 +80,10 @@ def family_fields() -> dict[str, tuple[Any, Any]]:
 
 
 FAMILY_FIELDS = family_fields()
+# fields only families added after the committed run ids declare (``ModelFamily.late``): they enter a model's
+# identity only when set, so every earlier model keeps its run id
+LATER_FIELDS = frozenset(FAMILY_FIELDS) - {f.name for fam in FAMILIES.values() if not fam.late
+                                           for f in dataclasses.fields(fam.node)}
 ModelConfig = dataclasses.make_dataclass(
     "ModelConfig", [(name, hint, dataclasses.field(default=default)) for name, (hint, default) in
                     FAMILY_FIELDS.items()],

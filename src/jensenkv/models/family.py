@@ -74,6 +74,9 @@ class ModelFamily:
     batches: ClassVar[bool] = True                       # its adapter runs several videos per forward
     cpu_batch_size: ClassVar[int] = 1                    # generation.batch_size=auto on a CPU (measured, README)
     extra_chunks_in_flight: ClassVar[int] = 0            # chunks a forward carries beyond the window (MAGI: 1)
+    late: ClassVar[bool] = False  # added after the committed run ids: its own fields hash only when set
+    licence: ClassVar[str | None] = None                 # conditions of use of its weights (``make check-weights``)
+    generation_node: ClassVar[str | None] = None          # the family's own node of generation (FAMILY_GENERATION_NODES)
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -91,10 +94,18 @@ class ModelFamily:
         """Checks of the family's own fields (ValueError naming the key, the value and what is allowed)."""
 
     def check_generation(self, generation: Any) -> None:
-        """Checks of the generation node against the family; MAGI-1 alone reads ``generation.magi``."""
-        if generation.magi is not None:
-            fail("generation.magi", generation.magi,
-                 "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null")
+        """Checks of the generation node against the family: a family-specific generation node (MAGI-1 reads
+        ``generation.magi``, HY-WorldPlay ``generation.worldplay``) is required by its family
+        (``generation_node``) and refused by every other."""
+        for node, allowed in FAMILY_GENERATION_NODES.items():
+            value = getattr(generation, node)
+            if (value is None) == (node == self.generation_node):
+                fail(f"generation.{node}", value, allowed)
+
+    def check_inputs(self, model: Any, generation: Any, prompts: list[str]) -> None:
+        """Checks of the input files a run of these prompts reads besides the weights (first frames, camera
+        files), before any model loads (``run.spec.build_spec``): ValueError naming the key, FileNotFoundError
+        naming the missing file. Most families read no input file."""
 
     def check_batch(self, generation: Any) -> None:
         """A family that generates one video at a time refuses generation.batch_size > 1."""
@@ -155,6 +166,13 @@ class ModelFamily:
         attention settings and sampler."""
         raise NotImplementedError
 
+
+# generation nodes that belong to one family: name -> what the one-line error says is allowed
+FAMILY_GENERATION_NODES = {
+    "magi": "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null",
+    "worldplay": "HY-WorldPlay models need it (configs/model/worldplay_*.yaml set it) and other models must "
+                 "leave it null",
+}
 
 GPU_MEMORY_SHARE = 0.8  # of the free memory after loading the model: the rest is the allocator's slack
 GPU_MAX_BATCH = 64      # beyond this a forward is long enough: more videos only delay the first result

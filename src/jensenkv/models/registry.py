@@ -8,11 +8,13 @@ from jensenkv.models.family import ModelFamily
 from jensenkv.models.magi.family import MagiFamily
 from jensenkv.models.tiny.family import TinyFamily
 from jensenkv.models.wan.family import WanFamily
+from jensenkv.models.worldplay.family import WorldPlayFamily
 
 FAMILIES: dict[str, ModelFamily] = {
     "tiny": TinyFamily(),      # the built-in model (jensenkv.models.tiny)
     "diffusers": WanFamily(),  # SkyReels-V2 / Wan2.1 / Self-Forcing through diffusers (jensenkv.models.wan)
     "magi": MagiFamily(),      # MAGI-1 in pure torch (jensenkv.models.magi)
+    "worldplay": WorldPlayFamily(),  # HY-WorldPlay (HunyuanVideo-1.5 + action / camera) in pure torch
 }
 
 

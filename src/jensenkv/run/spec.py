@@ -142,7 +142,7 @@ def field_error_line(error: Exception) -> str:
 
 def build_spec(cfg: Any) -> RunSpec:
     """The composed Hydra config as the typed tree, resolved; raises ValueError naming the bad key,
-    FileNotFoundError naming a missing weights file."""
+    FileNotFoundError naming a missing weights or input file."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -168,7 +168,9 @@ def build_spec(cfg: Any) -> RunSpec:
                 raise cause from None
             raise ValueError(field_error_line(e)) from None
     spec = resolve(spec)
-    family(spec.model.kind).check_weights(spec.model)
+    own = family(spec.model.kind)
+    own.check_weights(spec.model)
+    own.check_inputs(spec.model, spec.generation, spec.prompts)  # input files (first frames, camera files)
     if spec.eval.require_ready:  # every requested metric must be computable before any video is made
         require_ready(spec.eval.metrics, spec.eval.vbench.dimensions if "vbench" in spec.eval.metrics else (),
                       spec.eval.lpips.net)

@@ -40,6 +40,7 @@ class MagiFamily(ModelFamily):
     # 9.9 at 8, 12.0 at 16, 13.3 at 24, 13.6 at 32, 12.8 at 48 (11.1 at 64 in a 5-run sweep); a rerun on a busier
     # machine: 11.3 at 16, 12.0 at 24, 11.9 at 32, so 24-32 is the plateau
     cpu_batch_size = 32
+    generation_node = "magi"    # generation.magi: required here, refused elsewhere (ModelFamily.check_generation)
     extra_chunks_in_flight = 1  # the finished chunk re-run at clean_t in the next tick's forward
     refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
                                   "form the Triton kernel reads; use cached, reference or flex"}
@@ -63,11 +64,6 @@ class MagiFamily(ModelFamily):
         if unknown:
             fail("model.model_overrides", dict(overrides), f"{unknown} are not MAGI-1 model fields; use {allowed}")
         return model_preset(model.preset, **overrides)
-
-    def check_generation(self, generation: Any) -> None:
-        if generation.magi is None:
-            fail("generation.magi", None,
-                 "MAGI-1 models need it (configs/model/magi1_*.yaml set it) and other models must leave it null")
 
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         try:

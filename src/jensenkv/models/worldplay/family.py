@@ -1,0 +1,270 @@
+"""HY-WorldPlay as a family: its presets (a seeded random tiny one, or the official 8B checkpoints of
+tencent/HY-WorldPlay on HunyuanVideo-1.5's VAE and encoders), the generation node it requires
+(``generation.worldplay``), its input files, geometry, every file it reads and the adapter (docs/WORLDPLAY.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from jensenkv.checks import check_choice, check_int, fail
+from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir
+
+# preset -> the checkpoint folder of tencent/HY-WorldPlay (the AR action models; the bidirectional one is not run)
+PRESET_VARIANTS = {"8b_distilled": "ar_distilled_action_model", "8b": "ar_model", "8b_rl": "ar_rl_model"}
+PRESETS = ("tiny", *PRESET_VARIANTS)
+WORLDPLAY_REPO = "tencent/HY-WorldPlay"
+# HunyuanVideo-1.5 480p I2V in diffusers' layout: the VAE, Qwen2.5-VL-7B text model, Glyph ByT5 and SigLIP of
+# the official tencent/HunyuanVideo-1.5 (+ FLUX.1-Redux's SigLIP), converted by diffusers' script
+HUNYUAN_REPO = "hunyuanvideo-community/HunyuanVideo-1.5-480p_i2v"
+# subfolder -> the file in it the loader reads first (jensenkv.models.worldplay.text / vae)
+HUNYUAN_PARTS = {"vae": "config.json", "text_encoder": "config.json", "tokenizer": "tokenizer_config.json",
+                 "text_encoder_2": "config.json", "tokenizer_2": "tokenizer_config.json",
+                 "image_encoder": "config.json", "feature_extractor": "preprocessor_config.json"}
+SPATIAL_DOWNSAMPLE = 16   # HunyuanVideo-1.5 VAE: 16x spatial, 4x temporal
+TEMPORAL_DOWNSAMPLE = 4
+TINY_SPATIAL = 4          # the tiny stand-in VAE: 4x spatial, no temporal compression
+LICENCE = ("Tencent HY-WorldPlay Community License: not licensed in the EU, the UK or South Korea; outputs may "
+           "not be used to improve other AI models; more than 1 million monthly active users need a separate "
+           "licence from Tencent")
+PRECISION_KEYS = ("autocast", "fp32_timesteps", "inputs_dtype")  # WorldPlayPrecision fields besides dtype
+
+
+@dataclass
+class WorldPlayNode(CheckpointNode):
+    """kind "worldplay": HY-WorldPlay (jensenkv.models.worldplay, docs/WORLDPLAY.md): ``preset`` tiny (seeded
+    random, no weights) or 8b_distilled / 8b / 8b_rl, the official checkpoints of tencent/HY-WorldPlay at
+    ``path`` on HunyuanVideo-1.5's VAE and encoders at ``hunyuan_path``."""
+
+    preset: Optional[str] = None          # tiny | 8b_distilled | 8b | 8b_rl
+    variant: Optional[str] = None         # checkpoint folder in tencent/HY-WorldPlay (null: the preset's)
+    hunyuan_path: Optional[str] = None    # HunyuanVideo-1.5 480p I2V, diffusers layout (folder or Hub id)
+    vae_path: Optional[str] = None        # null: <hunyuan_path>/vae
+    model_overrides: Optional[dict[str, Any]] = None  # WorldPlayTransformerConfig fields replaced in the preset
+    precision: Optional[dict[str, Any]] = None  # WorldPlayPrecision fields besides dtype (null: plain model.dtype)
+    latent_height: Optional[int] = None   # tiny: latent frame size (real presets: height / 16)
+    latent_width: Optional[int] = None
+    seed: Optional[int] = None            # tiny: seed of the random initialisation
+
+
+def worldplay_settings(generation: Any) -> Any:
+    """The run's ``generation.worldplay`` (the family requires it: ``check_generation``)."""
+    from jensenkv.generation import WorldPlaySettings
+
+    return generation.worldplay if generation.worldplay is not None else WorldPlaySettings()
+
+
+def video_frames(generation: Any) -> int:
+    """Latent frames of the video: chunks x frames per chunk."""
+    return generation.num_chunks * generation.frames_per_chunk
+
+
+def pixel_size(model: Any) -> tuple[int, int]:
+    """(height, width) in pixels of the first frame the model needs (the tiny stand-in VAE: 4x the latents)."""
+    if model.preset == "tiny":
+        return (int(model.latent_height or 8) * TINY_SPATIAL, int(model.latent_width or model.latent_height or 8)
+                * TINY_SPATIAL)
+    return int(model.height), int(model.width)
+
+
+class WorldPlayFamily(ModelFamily):
+    kind = "worldplay"
+    node = WorldPlayNode
+    packages = (("transformers", "transformers"), ("safetensors", "safetensors"), ("scipy", "scipy"),
+                ("PIL", "pillow"))
+    generation_node = "worldplay"
+    late = True  # its own model fields (hunyuan_path, precision) enter run ids only when set
+    licence = LICENCE
+    batches = False  # one video at a time: each video has its own trajectory, image and memory selection
+    refused_backends = {"triton": "its caches are rebuilt from the selected memory every chunk and hold two key "
+                                  "tensors per layer (RoPE and ProPE); use cached, reference or flex"}
+
+    # --- pure checks -------------------------------------------------------------------------------------
+    def check(self, model: Any) -> None:
+        CheckpointNode.check(model)
+        if model.preset is None:
+            fail("model.preset", None, f"kind=worldplay needs a preset: one of {PRESETS}")
+        check_choice("model.preset", model.preset, PRESETS)
+        for key in ("latent_height", "latent_width"):
+            check_int(f"model.{key}", getattr(model, key), 1, optional=True)
+        check_int("model.seed", model.seed, 0, optional=True)
+        if model.preset != "tiny":
+            for key in ("path", "hunyuan_path", "height", "width"):
+                if getattr(model, key) is None:
+                    fail(f"model.{key}", None, f"preset {model.preset} needs path, hunyuan_path, height and width")
+            for key in ("height", "width"):
+                value = getattr(model, key)
+                if not isinstance(value, int) or value % SPATIAL_DOWNSAMPLE:
+                    fail(f"model.{key}", value, f"must be a multiple of {SPATIAL_DOWNSAMPLE} (the VAE's downsampling)")
+        self.architecture(model)
+        self.precision(model)
+
+    @staticmethod
+    def architecture(model: Any) -> Any:
+        """The transformer config of the preset with model.model_overrides applied (ValueError naming a field
+        it does not have or a bad value)."""
+        from jensenkv.models.worldplay.config import WorldPlayTransformerConfig
+
+        overrides = dict(model.model_overrides or {})
+        allowed = sorted(f.name for f in fields(WorldPlayTransformerConfig))
+        unknown = sorted(set(overrides) - set(allowed))
+        if unknown:
+            fail("model.model_overrides", overrides, f"{unknown} are not WorldPlay transformer fields; use {allowed}")
+        for key in ("patch_size", "rope_dim_list"):
+            if key in overrides:
+                overrides[key] = tuple(int(x) for x in overrides[key])
+        try:
+            if model.preset == "tiny":
+                return WorldPlayTransformerConfig.tiny(**overrides)
+            cfg = WorldPlayTransformerConfig(**overrides)
+            cfg.validate()
+            return cfg
+        except (TypeError, ValueError) as e:
+            fail("model.model_overrides", overrides, str(e))
+
+    @staticmethod
+    def precision(model: Any) -> Any:
+        """WorldPlayPrecision of the model: model.dtype plus model.precision (autocast, fp32_timesteps,
+        inputs_dtype)."""
+        from jensenkv.models.worldplay.config import WorldPlayPrecision
+
+        values = dict(model.precision or {})
+        unknown = sorted(set(values) - set(PRECISION_KEYS))
+        if unknown:
+            fail("model.precision", values, f"{unknown} are not allowed; use {list(PRECISION_KEYS)}")
+        try:
+            return WorldPlayPrecision(dtype=model.dtype, **values)
+        except (TypeError, ValueError) as e:
+            fail("model.precision", values, str(e))
+
+    def check_generation(self, generation: Any) -> None:
+        super().check_generation(generation)
+        wp = generation.worldplay
+        frames = video_frames(generation)
+        if generation.frames_per_chunk < 3:
+            fail("generation.frames_per_chunk", generation.frames_per_chunk,
+                 "HY-WorldPlay needs chunks of at least 3 latent frames (retrieval scores frames h and h + 2; "
+                 "WorldPlay uses 4)")
+        if wp.memory_frames > frames:
+            fail("generation.worldplay.memory_frames", wp.memory_frames,
+                 f"it must be <= the {frames} latent frames generated (generation.num_chunks x frames_per_chunk)")
+        if generation.sampler != "euler":
+            fail("generation.sampler", generation.sampler, "HY-WorldPlay samples with Euler steps: use euler")
+        if generation.window_size != 1 or generation.kv_range is not None or generation.commit_kv_range is not None:
+            fail("generation.window_size / kv_range / commit_kv_range",
+                 (generation.window_size, generation.kv_range, generation.commit_kv_range),
+                 "HY-WorldPlay denoises one chunk at a time over its selected memory: use 1 / null / null")
+        from jensenkv.models.worldplay.trajectory import load_trajectory
+
+        for _, trajectory in self._inputs(wp, None):
+            if not trajectory.endswith(".json"):  # presets and pose strings are values: checked here (files: resolve)
+                load_trajectory(trajectory, frames)
+
+    @staticmethod
+    def _inputs(wp: Any, prompts: list[str] | None) -> list[tuple[Optional[str], str]]:
+        """(image, trajectory) of each prompt (None: the defaults and every scene)."""
+        if prompts is not None:
+            return [wp.inputs(p) for p in prompts]
+        pairs = [(wp.image, wp.trajectory)]
+        pairs += [wp.inputs(scene["prompt"]) for scene in wp.scenes or ()]
+        return pairs
+
+    def check_inputs(self, model: Any, generation: Any, prompts: list[str]) -> None:
+        """Every prompt's first frame (exists, model.height x model.width; required by the 8B models) and pose
+        file (readable, long enough, invertible cameras), before any model loads."""
+        from jensenkv.models.worldplay.trajectory import load_trajectory
+        from jensenkv.models.worldplay.vae import read_image
+
+        wp = worldplay_settings(generation)
+        size = pixel_size(model)
+        for image, trajectory in self._inputs(wp, list(prompts)):
+            if trajectory.endswith(".json"):
+                load_trajectory(trajectory, video_frames(generation))
+            if image is None:
+                if model.preset != "tiny":
+                    fail("generation.worldplay.image", None,
+                         f"preset {model.preset} is image-to-video: give a first frame of {size[0]} x {size[1]} pixels "
+                         "(or a scene per prompt: eval=worldplay)")
+                continue
+            read_image(image, size)
+
+    # --- what needs files --------------------------------------------------------------------------------
+    def geometry(self, model: Any, generation: Any) -> Geometry | None:
+        try:
+            cfg = self.architecture(model)
+            if model.preset == "tiny":
+                height, width = int(model.latent_height or 8), int(model.latent_width or model.latent_height or 8)
+            else:
+                height, width = model.height // SPATIAL_DOWNSAMPLE, model.width // SPATIAL_DOWNSAMPLE
+            _, ph, pw = cfg.patch_size
+            return Geometry(head_dim=cfg.head_dim, heads=cfg.num_heads, kv_heads=cfg.num_heads, layers=cfg.num_layers,
+                            tokens_per_chunk=generation.frames_per_chunk * (height // ph) * (width // pw))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    @staticmethod
+    def _variant(model: Any) -> str:
+        return model.variant or PRESET_VARIANTS.get(model.preset, "?")
+
+    def files(self, model: Any) -> list[tuple[Path, bool]]:
+        """The transformer checkpoint folder, and each HunyuanVideo-1.5 part (VAE, Qwen2.5-VL text encoder and
+        tokenizer, Glyph ByT5 and tokenizer, SigLIP image encoder and its preprocessor)."""
+        looked: list[tuple[Path, bool]] = []
+        if model.preset == "tiny":
+            return looked
+        root = cached_model_dir(model, looked)
+        if root is not None:
+            folder = root / self._variant(model)
+            weights = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+            looked.append((weights[0] if weights else folder / "diffusion_pytorch_model.safetensors", bool(weights)))
+        hunyuan = cached_model_dir(_HunyuanView(model), looked)
+        for part, first in HUNYUAN_PARTS.items():
+            base = Path(model.vae_path).expanduser() if part == "vae" and model.vae_path else \
+                (hunyuan / part if hunyuan is not None else None)
+            if base is not None:
+                looked.append((base / first, (base / first).is_file()))
+        return looked
+
+    def check_weights(self, model: Any) -> None:
+        missing = [path for path, ok in self.files(model) if not ok]
+        if missing:
+            raise FileNotFoundError(f"HY-WorldPlay file not found: {missing[0]} (model {model.name}; "
+                                    f"{len(missing)} missing in all: `make check-weights` lists them); run "
+                                    "`make fetch-weights` on a machine with internet (docs/WORLDPLAY.md)")
+
+    def downloads(self, name: str, model: Any) -> list[Download]:
+        """The preset's checkpoint folder of tencent/HY-WorldPlay and the HunyuanVideo-1.5 parts it reads."""
+        from huggingface_hub import constants
+
+        if model.preset not in PRESET_VARIANTS:
+            return []
+        cache = Path(model.cache_dir or constants.HF_HUB_CACHE).expanduser()
+        items = []
+        if not Path(str(model.path)).expanduser().is_dir():
+            items.append(Download(f"model {name} transformer", cache, str(model.path), "hf-snapshot",
+                                  (f"{self._variant(model)}/*",)))
+        if not Path(str(model.hunyuan_path)).expanduser().is_dir():
+            parts = tuple(f"{p}/*" for p in HUNYUAN_PARTS if not (p == "vae" and model.vae_path))
+            items.append(Download(f"model {name} VAE, text and image encoders", cache, str(model.hunyuan_path),
+                                  "hf-snapshot", parts))
+        return items
+
+    def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
+        from jensenkv.models.worldplay.adapter import load_worldplay_adapter
+
+        return load_worldplay_adapter(model, cache, attention, generation)
+
+
+@dataclass
+class _HunyuanView:
+    """The model node seen with hunyuan_path as its path (``cached_model_dir`` reads path and cache_dir)."""
+
+    model: Any
+
+    @property
+    def path(self) -> Any:
+        return self.model.hunyuan_path
+
+    @property
+    def cache_dir(self) -> Any:
+        return self.model.cache_dir
