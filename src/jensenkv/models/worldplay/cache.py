@@ -178,13 +178,12 @@ class WorldPlayCaches:
         groups = [new[i:i + self.commit_frames] for i in range(0, len(new), self.commit_frames)]
 
         def attend(layer: int, qkv: VisionQKV) -> tuple[torch.Tensor, torch.Tensor]:
-            outs = []
-            for q, k, v, caches in ((qkv.q, qkv.k, qkv.v, self.rope), (qkv.q_prope, qkv.k_prope, qkv.v_prope, self.prope)):
-                outs.append(self._text_attention(layer, q, k, v))
-                for group in groups:
-                    rows = slice(group[0] * tokens, (group[-1] + 1) * tokens)  # groups are contiguous in memory order
-                    self._commit(caches[layer], k[:, :, rows], v[:, :, rows])
-            return outs[0], outs[1]
+            o = self._text_attention(layer, qkv.q, qkv.k, qkv.v)
+            o_prope = self._text_attention(layer, qkv.q_prope, qkv.k_prope, qkv.v_prope)
+            for group in groups:
+                rows = slice(group[0] * tokens, (group[-1] + 1) * tokens)  # groups are contiguous in memory order
+                self._store(layer, *(t[:, :, rows] for t in (qkv.k, qkv.v, qkv.k_prope, qkv.v_prope)))
+            return o, o_prope
 
         model.vision_forward(x, timestep, camera, range(len(frames)), attend, final=False)
         self.frames = frames
@@ -200,6 +199,15 @@ class WorldPlayCaches:
             own = slice(b, b + 1)
             outs.append(sdpa(q[own], torch.cat([tk.to(k.dtype), k[own]], 2), torch.cat([tv.to(v.dtype), v[own]], 2)))
         return torch.cat(outs)
+
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, k_prope: torch.Tensor, v_prope: torch.Tensor) -> None:
+        """Commit one group of frames (B, H, S_g, D each) to the block's two caches, each quantized on its own."""
+        self._commit(self.rope[layer], k, v)
+        self._commit(self.prope[layer], k_prope, v_prope)
+
+    def _segments(self, layer: int, stream: str) -> list:
+        """The block's cached memory of one stream ("rope" | "prope"), oldest first."""
+        return (self.rope if stream == "rope" else self.prope)[layer].segments()
 
     def _commit(self, cache: ChunkedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if k.is_cuda:
@@ -224,9 +232,8 @@ class WorldPlayCaches:
 
         def attend(layer: int, qkv: VisionQKV) -> tuple[torch.Tensor, torch.Tensor]:
             outs = []
-            for stream, (q, k, v), cache in zip(STREAMS, ((qkv.q, qkv.k, qkv.v), (qkv.q_prope, qkv.k_prope, qkv.v_prope)),
-                                                (self.rope[layer], self.prope[layer])):
-                segments = cache.segments()
+            for stream, (q, k, v) in zip(STREAMS, ((qkv.q, qkv.k, qkv.v), (qkv.q_prope, qkv.k_prope, qkv.v_prope))):
+                segments = self._segments(layer, stream)
                 outs.append(self._cached_attention(fn, layer, q, k, v, segments, step, chunk, branch, stream))
             return outs[0], outs[1]
 
