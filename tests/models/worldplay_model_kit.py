@@ -93,7 +93,7 @@ def full_precision() -> CacheConfig:
 
 def int2(granularity: str = "token_group", group_size: int = 16) -> CacheConfig:
     return CacheConfig(key=QuantConfig(method="rtn", bits=2, granularity=granularity, group_size=group_size),
-                       value=QuantConfig(method="none"))
+                       value=QuantConfig(method="none", store_dtype="bfloat16"))  # as the suite pairs them
 
 
 def make_caches(model: WorldPlayTransformer, cache: CacheConfig | None = None, memory: str = "rebuild",
