@@ -156,6 +156,13 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
     noise_levels = getattr(adapter, "noise_levels", None)
     sigmas = (noise_levels(cfg) if noise_levels is not None else flow_sigmas(cfg.steps, cfg.shift)).tolist()
     gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
+    # an adapter that stores latents in a lower precision between steps (HY-WorldPlay: BF16) names the dtype;
+    # the steps themselves stay float32
+    storage = getattr(adapter, "latent_dtype", None)
+
+    def stored(x: torch.Tensor) -> torch.Tensor:
+        return x if storage is None else x.to(storage).float()
+
     c, h, w = adapter.latent_frame_shape
     frames = cfg.frames_per_chunk
     shape = (1, c, frames, h, w)
@@ -170,7 +177,7 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
     chunks, per_chunk = [], []
     for tick in range(num_ticks):
         if tick % lag == 0 and tick // lag < cfg.num_chunks:  # pure noise at t = 1, each video from its own seed
-            in_flight[tick // lag] = torch.cat([torch.randn(shape, generator=g) for g in gens]).to(device)
+            in_flight[tick // lag] = stored(torch.cat([torch.randn(shape, generator=g) for g in gens]).to(device))
         window = list(in_flight)  # consecutive chunk indices, oldest first
         steps = [tick - i * lag for i in window]  # the oldest is the furthest along
         t = [sigmas[s] for s in steps]
@@ -180,7 +187,7 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
         vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
         for j, i in enumerate(window):
             chunk_vel = vel[:, :, j * frames:(j + 1) * frames]  # (B, C, F, H, W)
-            in_flight[i] = sampler_step(in_flight[i], chunk_vel, t[j], sigmas[steps[j] + 1], cfg.sampler, gens)
+            in_flight[i] = stored(sampler_step(in_flight[i], chunk_vel, t[j], sigmas[steps[j] + 1], cfg.sampler, gens))
         if steps[0] == cfg.steps - 1:  # the oldest chunk is clean: commit it, it leaves the window
             clean = in_flight.pop(window[0])
             if adapter.clean_range is not None:
