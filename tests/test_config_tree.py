@@ -106,7 +106,7 @@ def test_two_families_declaring_one_field_differently_are_refused(monkeypatch):
 
 
 def test_unknown_kind_names_the_registered_families():
-    with pytest.raises(ValueError, match=r"model.kind='nope' is not allowed: use one of \('tiny', 'diffusers', 'magi'\)"):
+    with pytest.raises(ValueError, match=r"model.kind='nope' is not allowed: use one of \('tiny', 'diffusers', 'magi', 'worldplay'\)"):
         ModelConfig(kind="nope")
     with pytest.raises(ValueError, match="model.kind='nope'"):
         family("nope")
@@ -156,12 +156,13 @@ def test_a_bad_batch_size_is_one_line(value):
 
 
 def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
-    """Every family batches today (MAGI-1 included), so the refusal path is kept tested on MAGI-1 marked as
-    unable: batch_size > 1 is refused when the tree is built, and auto means one video at a time."""
+    """Every family but HY-WorldPlay (one trajectory and memory per video) batches, so the refusal path is also
+    tested on MAGI-1 marked as unable: batch_size > 1 is refused when the tree is built, and auto means one
+    video at a time (WorldPlay's own refusal: tests/models/test_worldplay_family.py)."""
     from jensenkv.run.spec import resolve
 
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
-    assert all(fam.batches for fam in FAMILIES.values())
+    assert [kind for kind, fam in FAMILIES.items() if not fam.batches] == ["worldplay"]
     RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=2))
     monkeypatch.setattr(type(family("magi")), "batches", False)
     with pytest.raises(ValueError, match=r"generation.batch_size=2 is not allowed: model.kind=magi generates one "

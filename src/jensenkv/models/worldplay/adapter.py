@@ -227,22 +227,26 @@ def _is_gain(param: torch.Tensor, model: Any) -> bool:
 def load_worldplay_adapter(cfg: Any, cache: CacheConfig, attention: Any,
                            generation: GenerationConfig) -> WorldPlayChunkwiseAdapter:
     """The adapter of a ``kind: worldplay`` model node (configs/model/worldplay_*.yaml)."""
-    from jensenkv.models.worldplay.family import SPATIAL_DOWNSAMPLE, WorldPlayFamily, pixel_size
+    from jensenkv.models.worldplay.node import (
+        SPATIAL_DOWNSAMPLE,
+        architecture,
+        pixel_size,
+        precision,
+    )
     from jensenkv.models.worldplay.text import TinyPromptEncoder
     from jensenkv.models.worldplay.vae import TinyVae
 
-    family = WorldPlayFamily()
-    arch, precision = family.architecture(cfg), family.precision(cfg)
+    arch, numerics = architecture(cfg), precision(cfg)
     device = torch.device(cfg.device)
     seed = int(cfg.seed or 0)
     if cfg.preset == "tiny":
-        model = build_tiny(arch, precision, seed).to(device)
+        model = build_tiny(arch, numerics, seed).to(device)
         text = TinyPromptEncoder(arch.text_states_dim, arch.byt5_states_dim, arch.vision_states_dim, seed=seed)
         vae = TinyVae(arch.latent_channels, seed)
         size = pixel_size(cfg)
         shape = (arch.latent_channels, size[0] // TinyVae.factor, size[1] // TinyVae.factor)
         return WorldPlayChunkwiseAdapter(model, text, vae, shape, size, generation, cache, attention, seed, tiny=True)
-    return _load_real(cfg, arch, precision, device, generation, cache, attention, SPATIAL_DOWNSAMPLE)
+    return _load_real(cfg, arch, numerics, device, generation, cache, attention, SPATIAL_DOWNSAMPLE)
 
 
 def _load_real(cfg: Any, arch: Any, precision: Any, device: torch.device, generation: GenerationConfig,
@@ -251,8 +255,10 @@ def _load_real(cfg: Any, arch: Any, precision: Any, device: torch.device, genera
 
     from jensenkv.models.family import local_model_dir
     from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError
-    from jensenkv.models.worldplay.checkpoint import load_transformer  # part A: the strict official loader
-    from jensenkv.models.worldplay.family import PRESET_VARIANTS
+    from jensenkv.models.worldplay.checkpoint import (
+        load_transformer,  # part A: the strict official loader
+    )
+    from jensenkv.models.worldplay.node import PRESET_VARIANTS
     from jensenkv.models.worldplay.text import load_prompt_encoder
     from jensenkv.models.worldplay.vae import load_hunyuan_vae
 

@@ -47,8 +47,13 @@ class HunyuanPromptEncoder:
     tokenizer/, text_encoder_2/, tokenizer_2/, image_encoder/, feature_extractor/)."""
 
     def __init__(self, root: str | Path, dtype: torch.dtype, device: torch.device):
-        from transformers import (AutoTokenizer, Qwen2_5_VLTextModel, SiglipImageProcessor, SiglipVisionModel,
-                                  T5EncoderModel)
+        from transformers import (
+            AutoTokenizer,
+            Qwen2_5_VLTextModel,
+            SiglipImageProcessor,
+            SiglipVisionModel,
+            T5EncoderModel,
+        )
 
         root = Path(str(root)).expanduser()
         load = {"local_files_only": True}
