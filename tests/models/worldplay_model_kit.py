@@ -175,4 +175,4 @@ def cached_kv(caches: WorldPlayCaches, layer: int) -> dict[str, torch.Tensor]:
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+    return float((a.detach().double() - b.detach().double()).abs().max() / b.detach().double().abs().max())
