@@ -175,3 +175,18 @@ def test_bad_input_is_refused(model):
         append.write_memory(model, x, [0, 1, 2, 4], cam, 14.0)
     with pytest.raises(ValueError, match="memory='ring'"):
         kit.make_caches(model, memory="ring")
+
+
+@pytest.mark.parametrize("cache", [kit.full_precision(), kit.int2(), kit.int2("token"),
+                                   CacheConfig(key=QuantConfig(method="rtn", bits=4), value=QuantConfig(method="rtn", bits=4))])
+def test_memory_bytes_from_settings_equal_the_held_bytes(model, cache):
+    from jensenkv.models.worldplay.cache import memory_bytes
+
+    caches = kit.make_caches(model, cache)
+    driver = kit.Driver(model, caches)
+    cfg = model.config
+    for i in (1, 3, 4):
+        driver.run(i)
+        want = memory_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, cache, len(driver.memory(i)), kit.H * kit.W)
+        assert want == {"stored": sum(c.nbytes for c in caches.video_caches()),
+                        "bf16": sum(c.bf16_nbytes for c in caches.video_caches())}

@@ -265,3 +265,23 @@ class WorldPlayCaches:
                     self.probe_records.append({"layer": layer, "step": step, "chunk": chunk, "branch": branch,
                                                "stream": stream, **record})
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def memory_bytes(num_layers: int, num_heads: int, head_dim: int, cache_config: CacheConfig, memory_frames: int,
+                 tokens_per_frame: int, *, commit_frames: int = 4, batch: int = 1,
+                 prope_cache_config: CacheConfig | None = None) -> dict[str, int]:
+    """Bytes the video caches hold for ``memory_frames`` frames, from the settings alone (no model run):
+    {"stored": both streams' K and V as stored, "bf16": the same in BF16}, per CFG branch. Frames are
+    committed in groups of ``commit_frames`` (the last group may be shorter), as ``write_memory`` does.
+    Exact for the quantizers whose bytes ``quant.budget.bits_per_element`` states (all of the suite's)."""
+    from jensenkv.quant.budget import bits_per_element
+
+    groups = [min(commit_frames, memory_frames - s) * tokens_per_frame for s in range(0, memory_frames, commit_frames)]
+    slices = num_layers * batch * num_heads  # (layer, video, head) slices of one stream
+    stored = 0.0
+    for cfg in (cache_config, prope_cache_config or cache_config):
+        for tokens in groups:
+            for q in (cfg.key, cfg.value):
+                stored += bits_per_element(q, head_dim, tokens) * tokens * head_dim * slices / 8
+    bf16 = 2 * 2 * BF16_BYTES * slices * memory_frames * tokens_per_frame * head_dim  # streams, K+V
+    return {"stored": round(stored), "bf16": bf16}
