@@ -190,3 +190,13 @@ def test_memory_bytes_from_settings_equal_the_held_bytes(model, cache):
         want = memory_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, cache, len(driver.memory(i)), kit.H * kit.W)
         assert want == {"stored": sum(c.nbytes for c in caches.video_caches()),
                         "bf16": sum(c.bf16_nbytes for c in caches.video_caches())}
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("flex", marks=pytest.mark.slow)])  # flex: ~10 s on CPU
+def test_backends_agree_with_the_fast_path(model, backend):
+    """The caches call the suite's backends by name: the float64 oracle and FlexAttention give the fast
+    path's output under INT2 keys with the correction on (RoPE and ProPE caches alike)."""
+    fast = kit.Driver(model, kit.make_caches(model, kit.int2(), correction="taylor"))
+    other = kit.Driver(model, kit.make_caches(model, kit.int2(), correction="taylor", attention={"backend": backend}))
+    for i in range(3):
+        assert kit.rel_err(other.run(i).v, fast.run(i).v) <= 1e-5
