@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import worldplay_model_kit as kit
 
 from jensenkv.cache import CacheConfig
 from jensenkv.models.worldplay.cache import WorldPlayCaches
 from jensenkv.quant import QuantConfig
-
-import worldplay_model_kit as kit
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +28,9 @@ class Recording(WorldPlayCaches):
         self.handed = {}
         super().write_memory(*args, **kwargs)
 
-    def _store(self, layer, k, v, k_prope, v_prope):
+    def store_group(self, layer, k, v, k_prope, v_prope):
         self.handed.setdefault(layer, []).append((k.clone(), v.clone(), k_prope.clone(), v_prope.clone()))
-        super()._store(layer, k, v, k_prope, v_prope)
+        super().store_group(layer, k, v, k_prope, v_prope)
 
 
 @pytest.mark.parametrize("store", ["float32", "bfloat16"])
@@ -43,7 +42,7 @@ def test_quantization_off_stores_full_precision_exactly(model, store):
     for i in range(4):
         driver.run(i)
         for layer, groups in caches.handed.items():
-            rope, prope = caches._segments(layer, "rope"), caches._segments(layer, "prope")
+            rope, prope = caches.segments(layer, "rope"), caches.segments(layer, "prope")
             assert len(rope) == len(prope) == len(groups)
             for (k, v, kp, vp), r, p in zip(groups, rope, prope):
                 for got, want in ((r.k, k), (r.v, v), (p.k, kp), (p.v, vp)):
@@ -69,7 +68,7 @@ def test_rebuild_quantizes_every_chunk_afresh(model):
     previous, calls = [], 0
     for i in range(1, 5):
         driver.run(i)  # memories of 4, 8, 8, 12 frames: 1, 2, 2, 3 commits
-        segs = caches._segments(0, "rope")
+        segs = caches.segments(0, "rope")
         assert len(segs) == len(driver.memory(i)) // kit.CHUNK
         now = caches.rope[0].key_quantizer.num_calls
         assert now - calls == len(segs)  # each held group quantized in this chunk's pass
@@ -79,9 +78,9 @@ def test_rebuild_quantizes_every_chunk_afresh(model):
     # frames 0-3 are re-quantized from a recomputed context: their codes change between chunks 1 and 2
     first = kit.Driver(model, kit.make_caches(model, kit.int2()))
     first.run(1)
-    sink_1 = first.caches._segments(1, "rope")[0].k
+    sink_1 = first.caches.segments(1, "rope")[0].k
     first.run(2)
-    assert not torch.equal(first.caches._segments(1, "rope")[0].k, sink_1)
+    assert not torch.equal(first.caches.segments(1, "rope")[0].k, sink_1)
 
 
 def test_append_keeps_held_codes_bit_for_bit(model):
@@ -92,9 +91,9 @@ def test_append_keeps_held_codes_bit_for_bit(model):
         driver.run(i)
         for layer in range(model.config.num_layers):
             for stream in ("rope", "prope"):
-                segs = caches._segments(layer, stream)
+                segs = caches.segments(layer, stream)
                 assert len(segs) == i  # one group per past chunk, only the newest written now
-        segs = caches._segments(1, "prope")
+        segs = caches.segments(1, "prope")
         for (obj, k, v), seg in zip(held, segs):
             assert seg.stored_k is obj and torch.equal(seg.k, k) and torch.equal(seg.v, v)
         held.append((segs[-1].stored_k, segs[-1].k.clone(), segs[-1].v.clone()))

@@ -7,14 +7,13 @@ import json
 
 import pytest
 import torch
+import worldplay_model_kit as kit
 from safetensors.torch import load_file, save_file
 
 from jensenkv.models.loaders import MissingWeightsError
 from jensenkv.models.worldplay.checkpoint import (candidate_files, load_transformer, official_keys, save_official,
                                                   weights_file)
 from jensenkv.models.worldplay.config import WorldPlayTransformerConfig
-
-import worldplay_model_kit as kit
 
 
 @pytest.fixture(scope="module")

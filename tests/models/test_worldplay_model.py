@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import worldplay_model_kit as kit
 
 from jensenkv.models.worldplay.blocks import sdpa
 from jensenkv.models.worldplay.config import WorldPlayPrecision, WorldPlayTransformerConfig
 from jensenkv.models.worldplay.prope import CameraTransforms, apply_blocks
 from jensenkv.models.worldplay.rope import apply_rope, rope_table
-
-import worldplay_model_kit as kit
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import worldplay_model_kit as kit
 
 from jensenkv.cache import CacheSegment
 from jensenkv.models.worldplay.cache import WorldPlayCaches
 from jensenkv.quant import QuantConfig, make_quantizer
 from jensenkv.quant.steps import GroupSteps
-
-import worldplay_model_kit as kit
 
 TOL = 1e-5
 
@@ -98,7 +97,7 @@ class MergedCameraCache(WorldPlayCaches):
         super().reset()
         self.merged = [[] for _ in range(self.num_layers)]
 
-    def _store(self, layer, k, v, k_prope, v_prope):
+    def store_group(self, layer, k, v, k_prope, v_prope):
         quantizer = make_quantizer(_token_int2(), 2 * self.head_dim)
         stored = quantizer.quantize(torch.cat([k, k_prope], -1).float())  # (B, H, S, 2D)
         both, step = stored.dequantize(), stored.group_steps().step  # step (B, H, S, 1): shared by both halves
@@ -106,7 +105,7 @@ class MergedCameraCache(WorldPlayCaches):
         self.merged[layer].append({"rope": CacheSegment(both[..., :d], v.float(), GroupSteps(step)),
                                    "prope": CacheSegment(both[..., d:], v_prope.float(), GroupSteps(step))})
 
-    def _segments(self, layer, stream):
+    def segments(self, layer, stream):
         return [group[stream] for group in self.merged[layer]]
 
     def write_memory(self, *args, **kwargs):
@@ -128,7 +127,7 @@ def test_branches_have_their_own_quantizer_steps(model):
             want = torch.cat([driver.written[f][0][layer][name] for f in runs[-1].memory], 2)  # (1, H, n*T, D)
             own = make_quantizer(_token_int2(), model.config.head_dim)
             groups = [own.quantize(want[:, :, s:s + 4 * kit.H * kit.W]) for s in range(0, want.shape[2], 4 * kit.H * kit.W)]
-            got = caches._segments(layer, stream)
+            got = caches.segments(layer, stream)
             assert len(got) == len(groups)
             for g, w in zip(got, groups):
                 assert torch.allclose(g.steps.step, w.group_steps().step, rtol=1e-3, atol=0)

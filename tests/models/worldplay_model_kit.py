@@ -28,7 +28,7 @@ def tiny_model(seed: int = 0, precision: WorldPlayPrecision | None = None, **ove
     model = WorldPlayTransformer(WorldPlayTransformerConfig.tiny(**overrides), precision)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight"):
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):
                 p.uniform_(0.8, 1.2)
             elif p.ndim == 1:
                 p.normal_(0.0, 0.05)
@@ -168,7 +168,7 @@ def cached_kv(caches: WorldPlayCaches, layer: int) -> dict[str, torch.Tensor]:
     """The block's memory as stored, dequantized: {k, v, k_prope, v_prope} each (B, H, n*T, D)."""
     out = {}
     for stream, (kn, vn) in (("rope", ("k", "v")), ("prope", ("k_prope", "v_prope"))):
-        segs = caches._segments(layer, stream)
+        segs = caches.segments(layer, stream)
         out[kn] = torch.cat([s.k for s in segs], 2)
         out[vn] = torch.cat([s.v for s in segs], 2)
     return out

@@ -14,8 +14,15 @@ from typing import Any
 
 from jensenkv.models.worldplay.config import MEMORY_MODES, WorldPlayPrecision, WorldPlayTransformerConfig
 
-__all__ = ["MEMORY_MODES", "WorldPlayCaches", "WorldPlayPrecision", "WorldPlayTransformer",
-           "WorldPlayTransformerConfig", "TextInputs", "CameraInputs"]
+__all__ = [
+    "MEMORY_MODES",
+    "CameraInputs",
+    "TextInputs",
+    "WorldPlayCaches",
+    "WorldPlayPrecision",
+    "WorldPlayTransformer",
+    "WorldPlayTransformerConfig",
+]
 
 _LAZY = {"WorldPlayTransformer": "model", "TextInputs": "model", "CameraInputs": "model", "WorldPlayCaches": "cache"}
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from jensenkv.models.worldplay.config import WorldPlayTransformerConfig
 from jensenkv.models.worldplay.layers import MLP, ModulateDiT, RMSNorm, layer_norm, linear, modulate, per_token

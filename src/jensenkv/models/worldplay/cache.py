@@ -182,7 +182,7 @@ class WorldPlayCaches:
             o_prope = self._text_attention(layer, qkv.q_prope, qkv.k_prope, qkv.v_prope)
             for group in groups:
                 rows = slice(group[0] * tokens, (group[-1] + 1) * tokens)  # groups are contiguous in memory order
-                self._store(layer, *(t[:, :, rows] for t in (qkv.k, qkv.v, qkv.k_prope, qkv.v_prope)))
+                self.store_group(layer, *(t[:, :, rows] for t in (qkv.k, qkv.v, qkv.k_prope, qkv.v_prope)))
             return o, o_prope
 
         model.vision_forward(x, timestep, camera, range(len(frames)), attend, final=False)
@@ -200,12 +200,12 @@ class WorldPlayCaches:
             outs.append(sdpa(q[own], torch.cat([tk.to(k.dtype), k[own]], 2), torch.cat([tv.to(v.dtype), v[own]], 2)))
         return torch.cat(outs)
 
-    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, k_prope: torch.Tensor, v_prope: torch.Tensor) -> None:
+    def store_group(self, layer: int, k: torch.Tensor, v: torch.Tensor, k_prope: torch.Tensor, v_prope: torch.Tensor) -> None:
         """Commit one group of frames (B, H, S_g, D each) to the block's two caches, each quantized on its own."""
         self._commit(self.rope[layer], k, v)
         self._commit(self.prope[layer], k_prope, v_prope)
 
-    def _segments(self, layer: int, stream: str) -> list:
+    def segments(self, layer: int, stream: str) -> list:
         """The block's cached memory of one stream ("rope" | "prope"), oldest first."""
         return (self.rope if stream == "rope" else self.prope)[layer].segments()
 
@@ -233,7 +233,7 @@ class WorldPlayCaches:
         def attend(layer: int, qkv: VisionQKV) -> tuple[torch.Tensor, torch.Tensor]:
             outs = []
             for stream, (q, k, v) in zip(STREAMS, ((qkv.q, qkv.k, qkv.v), (qkv.q_prope, qkv.k_prope, qkv.v_prope))):
-                segments = self._segments(layer, stream)
+                segments = self.segments(layer, stream)
                 outs.append(self._cached_attention(fn, layer, q, k, v, segments, step, chunk, branch, stream))
             return outs[0], outs[1]
 

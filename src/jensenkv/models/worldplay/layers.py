@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:

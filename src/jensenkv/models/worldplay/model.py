@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from jensenkv.models.worldplay.blocks import DoubleStreamBlock, VisionQKV, sdpa
 from jensenkv.models.worldplay.config import WorldPlayPrecision, WorldPlayTransformerConfig
@@ -106,11 +106,11 @@ class WorldPlayTransformer(nn.Module):
         """Cast the weights to ``precision.dtype`` (returns self)."""
         return self.to(_DTYPES[self.precision.dtype])
 
-    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+    def cast_inputs(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.precision.inputs_dtype
         return x if dtype is None else x.to(_DTYPES[dtype])
 
-    def _timesteps(self, t: torch.Tensor | float, batch: int, frames: int) -> torch.Tensor:
+    def frame_timesteps(self, t: torch.Tensor | float, batch: int, frames: int) -> torch.Tensor:
         """A float or (B,) / (B, F) timesteps in [0, 1000] -> (B, F) float32 on the model's device."""
         t = torch.as_tensor(t, dtype=torch.float32, device=self.device)
         if t.ndim == 0:
@@ -163,7 +163,7 @@ class WorldPlayTransformer(nn.Module):
         """timesteps (B, F) float32, action (B, F) -> vec (B, F, C) = time_in(t) + action_in(action)."""
         b, f = timesteps.shape
         vec = self.time_in(timesteps.reshape(-1), self.precision.fp32_timesteps)
-        vec = vec + self.action_in(self._inputs(action).reshape(-1))  # labels: exact in BF16
+        vec = vec + self.action_in(self.cast_inputs(action).reshape(-1))  # labels: exact in BF16
         return vec.view(b, f, -1)
 
     def vision_forward(self, x: torch.Tensor, timesteps: torch.Tensor | float, camera: CameraInputs,
@@ -174,7 +174,7 @@ class WorldPlayTransformer(nn.Module):
         (the context pass stops after the last block, as WorldPlay's ``cache_vision``)."""
         cfg = self.config
         b, _, f, h, w = x.shape
-        pt, ph, pw = cfg.patch_size
+        _pt, ph, pw = cfg.patch_size
         if h % ph or w % pw:
             raise ValueError(f"latent size {h}x{w} is not allowed: it must be divisible by the patch {ph}x{pw}")
         if len(rope_positions) != f or camera.num_frames != f:
@@ -183,8 +183,8 @@ class WorldPlayTransformer(nn.Module):
         th, tw = h // ph, w // pw
         tokens = th * tw
         img = self.img_in(x)  # (B, F * tokens, C)
-        vec = self.frame_vectors(self._timesteps(timesteps, b, f), camera.action)  # (B, F, C)
-        cams = CameraTransforms.build(self._inputs(camera.viewmats), self._inputs(camera.ks))  # (B, F, 4, 4) each
+        vec = self.frame_vectors(self.frame_timesteps(timesteps, b, f), camera.action)  # (B, F, C)
+        cams = CameraTransforms.build(self.cast_inputs(camera.viewmats), self.cast_inputs(camera.ks))  # (B, F, 4, 4) each
         cos, sin = (r.to(x.device) for r in rope_table(rope_positions, th, tw, cfg.rope_dim_list, cfg.rope_theta))
         for layer, block in enumerate(self.double_blocks):
             mods = block.img_mods(vec)

@@ -70,9 +70,9 @@ def _one_video(model, text, x_ctx, t_ctx, cam_ctx, x_cur, t_cur, cam_cur, frozen
     camera = cam_cur if cam_ctx is None else _cat_camera(cam_ctx, cam_cur)
     th, tw = x.shape[3] // cfg.patch_size[1], x.shape[4] // cfg.patch_size[2]
     tokens = th * tw
-    t_frames = torch.cat([torch.full((1, n), float(t_ctx)), model._timesteps(t_cur, 1, f).cpu()], dim=1)  # (1, n+F)
+    t_frames = torch.cat([torch.full((1, n), float(t_ctx)), model.frame_timesteps(t_cur, 1, f).cpu()], dim=1)  # (1, n+F)
     vec = model.frame_vectors(t_frames.to(model.device), camera.action)  # (1, n+F, C)
-    cams = CameraTransforms.build(model._inputs(camera.viewmats), model._inputs(camera.ks))
+    cams = CameraTransforms.build(model.cast_inputs(camera.viewmats), model.cast_inputs(camera.ks))
     cos, sin = (r.to(x.device) for r in rope_table(range(n + f), th, tw, cfg.rope_dim_list, cfg.rope_theta))
     txt = model.text_tokens(text, 0)  # (1, L, C)
     vec_txt = model.time_in(torch.zeros(1, device=model.device), model.precision.fp32_timesteps)
