@@ -52,7 +52,9 @@ def test_official_files_round_trip_bit_identical(model, tmp_path, variant, filen
     assert found == written
     if shards > 1:
         assert len(json.loads(found.read_text())["weight_map"]) == len(official_keys(model.config))
-    loaded = load_transformer(model.config, found)
+    loaded = load_transformer(found, model.config)
+    assert torch.equal(load_transformer(tmp_path / variant, model.config).final_layer.linear.weight,
+                       loaded.final_layer.linear.weight)  # the folder is enough
     for name, p in model.state_dict().items():
         assert torch.equal(p, loaded.state_dict()[name]), name
     for a, b in zip(_outputs(model), _outputs(loaded)):
@@ -74,17 +76,17 @@ def _without(tmp_path, model, drop=(), add=None):
 def test_missing_action_or_prope_key_is_refused_by_name(model, tmp_path, key):
     path = _without(tmp_path, model, drop=[key])
     with pytest.raises(ValueError, match=key.replace(".", r"\.")) as err:
-        load_transformer(model.config, path)
+        load_transformer(path, model.config)
     assert "not a WorldPlay action checkpoint" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_missing_base_and_unexpected_keys_are_refused(model, tmp_path):
     with pytest.raises(ValueError, match=r"double_blocks\.0\.txt_attn_q\.bias"):
-        load_transformer(model.config, _without(tmp_path, model, drop=["double_blocks.0.txt_attn_q.bias"]))
+        load_transformer(_without(tmp_path, model, drop=["double_blocks.0.txt_attn_q.bias"]), model.config)
     with pytest.raises(ValueError, match=r"unexpected key single_blocks\.0\.linear2\.fc\.weight"):
-        load_transformer(model.config, _without(tmp_path, model, add={"single_blocks.0.linear2.fc.weight": torch.ones(2)}))
+        load_transformer(_without(tmp_path, model, add={"single_blocks.0.linear2.fc.weight": torch.ones(2)}), model.config)
     with pytest.raises(ValueError, match=r"time_in\.mlp\.0\.weight has shape"):
-        load_transformer(model.config, _without(tmp_path, model, add={"time_in.mlp.0.weight": torch.ones(3, 3)}))
+        load_transformer(_without(tmp_path, model, add={"time_in.mlp.0.weight": torch.ones(3, 3)}), model.config)
 
 
 def test_missing_file_names_every_path_looked_in(tmp_path):
@@ -96,6 +98,8 @@ def test_missing_file_names_every_path_looked_in(tmp_path):
     assert "make fetch-weights" in message and "\n" not in message
     with pytest.raises(ValueError, match="variant='bidirectional_model' is not allowed"):
         weights_file(tmp_path, "bidirectional_model")
+    with pytest.raises(MissingWeightsError, match="model.safetensors"):
+        load_transformer(tmp_path, WorldPlayTransformerConfig.tiny())  # a folder without weights
 
 
 def test_missing_shard_is_named(model, tmp_path):
@@ -103,4 +107,4 @@ def test_missing_shard_is_named(model, tmp_path):
     shard = sorted(set(json.loads(index.read_text())["weight_map"].values()))[1]
     (tmp_path / "ar_model" / shard).unlink()
     with pytest.raises(MissingWeightsError, match=shard):
-        load_transformer(model.config, weights_file(tmp_path, "ar_model"))
+        load_transformer(tmp_path / "ar_model", model.config)

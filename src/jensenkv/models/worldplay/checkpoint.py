@@ -9,6 +9,10 @@ variant, each a full transformer state dict (HunyuanVideo-1.5 480p I2V + WorldPl
     <root>/ar_rl_model/diffusion_pytorch_model.safetensors
     any of them may be sharded: <name>.safetensors.index.json + the shards it lists
 
+``load_transformer(folder, config, precision, device)`` reads a variant folder (or a file / index),
+``weights_file(root, variant)`` names the file a run will read (``MissingWeightsError`` listing every path
+looked in when none is there).
+
 WorldPlay builds the model from ``tencent/HunyuanVideo-1.5/transformer/480p_i2v``, calls
 ``add_action_parameters()`` and loads these files with ``strict=True`` (pipeline l.2075-2087); this loader
 does the same: every key below must be present, and no other.
@@ -115,23 +119,37 @@ def resolve_root(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
     return resolve_local_dir(path, cache_dir, ["*"])
 
 
-def candidate_files(root: Path, variant: str) -> list[Path]:
-    """Every path looked in for ``variant``'s weights, in order (each file, then its sharded index)."""
+# every file name a variant folder may hold its weights in, in the order they are looked for
+WEIGHT_FILES = ("model.safetensors", "diffusion_pytorch_model.safetensors")
+
+
+def _check_variant(variant: str) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"worldplay variant={variant!r} is not allowed: use one of {tuple(VARIANTS)}")
+
+
+def candidate_files(root: Path, variant: str) -> list[Path]:
+    """Every path looked in for ``variant``'s weights under ``root``, in order (each file, then its index)."""
+    _check_variant(variant)
     folder = root / variant
     return [p for name in VARIANTS[variant] for p in (folder / name, folder / f"{name}.index.json")]
 
 
-def weights_file(root: Path, variant: str) -> Path:
-    """The first existing weight file (or index) of ``variant`` under ``root``; MissingWeightsError naming
+def find_weights(folder: Path, names: tuple[str, ...] = WEIGHT_FILES) -> Path:
+    """The first existing weight file (or sharded index) in a checkpoint folder; MissingWeightsError naming
     every path looked in otherwise."""
-    candidates = candidate_files(root, variant)
+    candidates = [p for name in names for p in (folder / name, folder / f"{name}.index.json")]
     for path in candidates:
         if path.is_file():
             return path
-    raise MissingWeightsError(f"HY-WorldPlay {variant} transformer weights not found: looked for "
+    raise MissingWeightsError(f"HY-WorldPlay transformer weights not found: looked for "
                               f"{', '.join(str(p) for p in candidates)}; {FETCH_HINT}")
+
+
+def weights_file(root: Path, variant: str) -> Path:
+    """The weight file (or index) of ``variant`` under ``root`` (the Hub repo's layout)."""
+    _check_variant(variant)
+    return find_weights(root / variant, VARIANTS[variant])
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -178,9 +196,13 @@ def check_keys(state: dict[str, torch.Tensor], cfg: WorldPlayTransformerConfig, 
                          "WorldPlay 480p I2V transformer of this config")
 
 
-def load_transformer(cfg: WorldPlayTransformerConfig, path: Path, precision: WorldPlayPrecision | None = None,
-                     device: str | torch.device = "cpu") -> WorldPlayTransformer:
-    """The transformer with the weights of ``path`` (a file or index from ``weights_file``), strictly."""
+def load_transformer(path: str | os.PathLike, cfg: WorldPlayTransformerConfig,
+                     precision: WorldPlayPrecision | None = None, device: str | torch.device = "cpu") -> WorldPlayTransformer:
+    """The transformer with the weights at ``path``, strictly: a variant folder (e.g. <root>/ar_model: its
+    weight file is found with ``find_weights``), a ``.safetensors`` file or a sharded ``.index.json``."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = find_weights(path)
     state = load_state_dict(path)
     check_keys(state, cfg, path)
     with torch.device("meta"):
