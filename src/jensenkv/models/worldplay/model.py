@@ -140,7 +140,9 @@ class WorldPlayTransformer(nn.Module):
             if bool(byt5_mask.any()):
                 parts.append(self.byt5_in(text.byt5_states[b:b + 1][byt5_mask][None], self.amp) + emb[1])
         parts.append(self.txt_in(text.text_states[b:b + 1], mask, t0, self.amp, fp32) + emb[0])
-        return torch.cat([p.to(self.dtype) for p in parts], dim=1)  # (1, L_valid, C)
+        # cat promotes as WorldPlay's reorder does: under autocast the image tokens leave vision_in's LayerNorm
+        # in float32, so the text stream's residual runs in float32 (its K/V still come out of bf16 linears)
+        return torch.cat(parts, dim=1)  # (1, L_valid, C)
 
     def text_stream(self, text: TextInputs) -> list[list[TextKV]]:
         """Per video, per block: the text (k, v), each (1, H, L_valid, D), from text-only attention at t = 0."""
