@@ -12,6 +12,13 @@ The text stream (``forward_txt``, T l.1245-1298): the prompt's tokens, in WorldP
 refiner at t = 0)], each plus its ``cond_type_embedding`` row (2, 1, 0), padding dropped; then every block
 runs text-only self-attention with ``txt_mod`` at t = 0; each block's text k (after RMSNorm, no RoPE) and v
 are kept. Vision tokens attend to them and never the reverse.
+
+Checked against WorldPlay's own modules (Tencent-Hunyuan/HY-WorldPlay@da2d0c2, run outside the repo on CPU
+with the same random weights, tiny shape with the official ByT5 / refiner / sinusoid widths, 4 chunks with
+rebuilt and retrieval-like memories): float32: text K/V identical, velocities and cached RoPE / ProPE K/V
+within 3.4e-7 relative; ``WorldPlayPrecision.official()`` against WorldPlay under ``torch.autocast`` (bf16,
+CPU) with LayerNorm forced to float32 (CUDA autocast's policy for the ops it runs): bit-identical text K/V,
+cached K/V and velocities. Not checked: CUDA itself (no GPU), the real 8B weights.
 """
 from __future__ import annotations
 
