@@ -191,11 +191,16 @@ def test_memory_bytes_from_settings_equal_the_held_bytes(model, cache):
                         "bf16": sum(c.bf16_nbytes for c in caches.video_caches())}
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("flex", marks=pytest.mark.slow)])  # flex: ~10 s on CPU
-def test_backends_agree_with_the_fast_path(model, backend):
-    """The caches call the suite's backends by name: the float64 oracle and FlexAttention give the fast
-    path's output under INT2 keys with the correction on (RoPE and ProPE caches alike)."""
-    fast = kit.Driver(model, kit.make_caches(model, kit.int2(), correction="taylor"))
-    other = kit.Driver(model, kit.make_caches(model, kit.int2(), correction="taylor", attention={"backend": backend}))
+@pytest.mark.parametrize("backend", ["reference", pytest.param("flex", marks=pytest.mark.slow),  # ~10 s on CPU
+                                     pytest.param("triton", marks=pytest.mark.slow)])  # TRITON_INTERPRET=1: ~5 s
+def test_backends_agree_with_the_fast_path(model, backend, monkeypatch):
+    """The caches call the suite's backends by name: the float64 oracle, FlexAttention and the fused Triton
+    kernel give the fast path's output under INT2 keys and values with the correction on (both caches)."""
+    if backend == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    both = QuantConfig(method="rtn", bits=2, group_size=16)  # triton reads packed K and V
+    cache = CacheConfig(key=both, value=both)
+    fast = kit.Driver(model, kit.make_caches(model, cache, correction="taylor"))
+    other = kit.Driver(model, kit.make_caches(model, cache, correction="taylor", attention={"backend": backend}))
     for i in range(3):
         assert kit.rel_err(other.run(i).v, fast.run(i).v) <= 1e-5
