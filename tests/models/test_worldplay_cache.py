@@ -174,6 +174,23 @@ def test_bad_input_is_refused(model):
         append.write_memory(model, x, [0, 1, 2, 4], cam, 14.0)
     with pytest.raises(ValueError, match="memory='ring'"):
         kit.make_caches(model, memory="ring")
+    with pytest.raises(ValueError, match="cache.window_chunks=2 is not allowed"):
+        kit.make_caches(model, CacheConfig(key=QuantConfig(), value=QuantConfig(), window_chunks=2))
+
+
+@pytest.mark.parametrize("memory", ["rebuild", "append"])
+def test_sink_chunk_keeps_frames_0_to_3_full_precision(model, memory):
+    cache = CacheConfig(key=QuantConfig(method="rtn", bits=2, group_size=16), value=QuantConfig(method="none"),
+                        sink_chunks=1)
+    caches = kit.make_caches(model, cache, memory=memory, cls=Recording)
+    driver = kit.Driver(model, caches)
+    for i in range(1, 5):
+        driver.run(i)
+        segs = caches.segments(1, "prope")
+        assert caches.frames[:4] == [0, 1, 2, 3]
+        assert segs[0].steps is None and all(s.steps is not None for s in segs[1:])
+        if memory == "rebuild":  # recomputed this chunk: stored exactly as handed over
+            assert torch.equal(segs[0].k, caches.handed[1][0][2])
 
 
 @pytest.mark.parametrize("cache", [kit.full_precision(), kit.int2(), kit.int2("token"),

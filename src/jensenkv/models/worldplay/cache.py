@@ -16,6 +16,10 @@ Memory modes (``MEMORY_MODES``):
 - ``append`` (QuantVideoGen's variant): the frames must be the whole past 0..n-1; the pass still recomputes
   every frame, but only the frames not yet held are committed, so held frames keep their codes bit for bit.
 Frames are committed in groups of ``commit_frames`` (a chunk's 4 latent frames): a commit is one quantizer call.
+A rebuild clears the caches (``ChunkedKVCache.clear``): each chunk's memory is quantized as a new video's
+would be (QVG's warm start forgotten, the dither counter restarted), and ``cache.sink_chunks=1`` keeps the
+memory's first group, frames 0-3 (WorldPlay's sink), in full precision in both modes. ``cache.window_chunks``
+is refused: the memory selection decides what is held.
 
 ``denoise``: the current frames (temporal RoPE positions n..n+F-1) attend non-causally to
 [text | cached memory | current] in both branches through the suite's attention backends, with the correction
@@ -85,6 +89,9 @@ class WorldPlayCaches:
         attention.validate()
         configs = []
         for cfg in (cache_config, prope):
+            if cfg.window_chunks is not None:
+                raise ValueError(f"cache.window_chunks={cfg.window_chunks} is not allowed for HY-WorldPlay: its memory "
+                                 "selection decides which frames are held (set generation.worldplay.memory_frames)")
             cfg.key.validate(self.head_dim)
             cfg.value.validate(self.head_dim)
             if attention.probes and not cfg.keep_reference:
