@@ -172,3 +172,12 @@ def test_check_weights_shows_the_licence():
     assert len(licence) == 2  # one per WorldPlay model, ready or not
     assert "not licensed in the EU, the UK or South Korea" in licence[0] and "1 million monthly" in licence[0]
     assert "[ready] model worldplay_tiny" in out  # the licence is shown, not a reason it is not ready
+
+
+def test_the_memory_mode_is_part_of_the_results_model_label():
+    from jensenkv.run.spec import resolve
+
+    assert resolve(run_config()).labels()["model"] == "tiny+rebuild"  # ModelConfig's default name
+    assert resolve(run_config(generation=gen(memory="append"))).labels()["model"] == "tiny+append"
+    other = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
+    assert other.labels()["model"] == "tiny"  # the other families: the model name, as before

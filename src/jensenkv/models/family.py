@@ -107,6 +107,11 @@ class ModelFamily:
         files), before any model loads (``run.spec.build_spec``): ValueError naming the key, FileNotFoundError
         naming the missing file. Most families read no input file."""
 
+    def model_label(self, model: Any, generation: Any) -> str:
+        """The results' "model" column: the tables compare runs of one model label (one context each), so a
+        family whose experiment axis lives in generation (WorldPlay's memory mode) names it here."""
+        return model.name
+
     def check_batch(self, generation: Any) -> None:
         """A family that generates one video at a time refuses generation.batch_size > 1."""
         if not self.batches and generation.batch_size not in ("auto", 1):

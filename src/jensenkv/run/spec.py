@@ -84,7 +84,7 @@ class RunSpec(RunConfig):
         """Columns of the results table that describe the run."""
         quantized = self.key.method != "none"
         return {
-            "model": self.model.name,
+            "model": family(self.model.kind).model_label(self.model, self.generation),
             "quantizer": self.key.label,
             "method": self.key.method,
             "bits": int(self.key.bits) if quantized else 16,

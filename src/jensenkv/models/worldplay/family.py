@@ -102,6 +102,10 @@ class WorldPlayFamily(ModelFamily):
         pairs += [wp.inputs(scene["prompt"]) for scene in wp.scenes or ()]
         return pairs
 
+    def model_label(self, model: Any, generation: Any) -> str:
+        """name+memory mode (e.g. worldplay_8b_distilled+append): the two modes are Table 1's two row groups."""
+        return f"{model.name}+{worldplay_settings(generation).memory}"
+
     def check_inputs(self, model: Any, generation: Any, prompts: list[str]) -> None:
         """Every prompt's first frame (exists, model.height x model.width; required by the 8B models) and pose
         file (readable, long enough, invertible cameras), before any model loads."""
