@@ -39,8 +39,6 @@ class WorldPlayFamily(ModelFamily):
     late = True  # its own model fields (hunyuan_path, precision) enter run ids only when set
     licence = LICENCE
     batches = False  # one video at a time: each video has its own trajectory, image and memory selection
-    refused_backends = {"triton": "its caches are rebuilt from the selected memory every chunk and hold two key "
-                                  "tensors per layer (RoPE and ProPE); use cached, reference or flex"}
 
     # --- pure checks -------------------------------------------------------------------------------------
     def check(self, model: Any) -> None:
@@ -151,9 +149,12 @@ class WorldPlayFamily(ModelFamily):
             return looked
         root = cached_model_dir(model, looked)
         if root is not None:
+            from jensenkv.models.worldplay.checkpoint import WEIGHT_FILES  # the names the loader tries, in order
+
             folder = root / self._variant(model)
-            weights = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-            looked.append((weights[0] if weights else folder / "diffusion_pytorch_model.safetensors", bool(weights)))
+            candidates = [folder / n for name in WEIGHT_FILES for n in (name, f"{name}.index.json")]
+            found = next((p for p in candidates if p.is_file()), None)
+            looked.append((found or candidates[0], found is not None))
         hunyuan = cached_model_dir(_HunyuanView(model), looked)
         for part, first in HUNYUAN_PARTS.items():
             base = Path(model.vae_path).expanduser() if part == "vae" and model.vae_path else \
