@@ -107,3 +107,36 @@ def test_the_tiny_run_writes_a_record_with_delta_ps_and_psnr(tmp_path):
     assert 0 < metrics["psnr"] < float("inf")
     # the last chunk's memory: 12 frames x 64 tokens, K and V, 2 heads x 32 channels, 2 layers x 2 streams
     assert metrics["cache_bytes"] == 2 * 2 * (12 * 64) * 2 * (2 * 32) * 2.75 / 8
+
+
+def test_calibration_fits_a_strength_per_layer_and_head_from_both_key_streams(tmp_path):
+    import json
+
+    from jensenkv.calibrate import calibrate_overrides
+
+    path = calibrate_overrides([*TINY, "quant=rtn", "correction=taylor", "eval.num_prompts=1", "generation.num_chunks=2",
+                                "generation.worldplay.memory_frames=8", "generation.steps=2",
+                                f"paths.results_dir={tmp_path}"])
+    content = json.loads(path.read_text())
+    assert len(content["strengths"]) == 2 and all(len(row) == 2 for row in content["strengths"])  # 2 layers x 2 heads
+    # chunk 1 probed at 2 steps in 2 layers, its cached RoPE and ProPE keys each a record
+    assert content["fit"]["probe_records"] == 2 * 2 * 2
+    assert all(v is not None for row in content["strengths"] for v in row)
+
+
+def test_the_8b_adapter_names_the_missing_file(tmp_path):
+    from jensenkv.models.config import ModelConfig
+    from jensenkv.models.loaders import MissingWeightsError
+
+    (tmp_path / "wp" / "ar_model").mkdir(parents=True)
+    (tmp_path / "hy").mkdir()
+    spec = preset(*TINY)
+    model = ModelConfig(kind="worldplay", device="cpu", preset="8b", path=str(tmp_path / "wp"),
+                        hunyuan_path=str(tmp_path / "hy"), height=480, width=832, dtype="bfloat16")
+    with pytest.raises(MissingWeightsError, match=r"HY-WorldPlay transformer weights not found: looked for .*ar_model/"
+                                                  r"model.safetensors"):
+        build_adapter(model, spec.cache_config(False), spec.attention, spec.generation)
+    absent = ModelConfig(kind="worldplay", device="cpu", preset="8b", path=str(tmp_path / "none"),
+                         hunyuan_path=str(tmp_path / "hy"), height=480, width=832)
+    with pytest.raises(MissingWeightsError, match=r"model.path='.*none' is neither a local folder nor in the Hugging"):
+        build_adapter(absent, spec.cache_config(False), spec.attention, spec.generation)
