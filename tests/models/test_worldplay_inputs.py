@@ -109,3 +109,46 @@ def test_each_prompt_uses_its_scene_and_every_scene_image_is_checked(tmp_path):
     with pytest.raises(ValueError, match=r"generation.worldplay.image=None is not allowed: preset 8b is image-to-video: "
                                          r"give a first frame of 480 x 832 pixels"):
         own.check_inputs(real, gen, ["c"])
+
+
+def test_the_hunyuan_vae_loads_through_diffusers_and_applies_its_scaling_factor(tmp_path):
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    from jensenkv.models.loaders import MissingWeightsError
+    from jensenkv.models.worldplay.vae import load_hunyuan_vae
+
+    with pytest.raises(MissingWeightsError, match=r"HunyuanVideo-1.5 VAE not found: expected .*vae/config.json"):
+        load_hunyuan_vae(tmp_path / "vae", torch.float32, torch.device("cpu"))
+    torch.manual_seed(0)
+    small = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1)
+    AutoencoderKLHunyuanVideo15(**small, scaling_factor=2.0).save_pretrained(tmp_path / "vae")
+    vae = load_hunyuan_vae(tmp_path / "vae", torch.float32, torch.device("cpu"))
+    image = torch.rand(3, 32, 32) * 2 - 1
+    latent = vae.encode(image)
+    assert latent.shape == (1, 4, 1, 2, 2)  # 16x spatial
+    raw = vae.vae.encode(image[None, :, None]).latent_dist.mode()
+    assert torch.allclose(latent, 2.0 * raw)  # x scaling_factor, as WorldPlay
+    video = vae.decode(torch.randn(1, 4, 2, 2, 2))
+    assert video.shape == (5, 3, 32, 32) and 0 <= float(video.min()) and float(video.max()) <= 1  # 4 (F - 1) + 1
+
+
+def test_the_hunyuan_encoders_name_the_missing_file(tmp_path):
+    from jensenkv.models.loaders import MissingWeightsError
+    from jensenkv.models.worldplay.text import load_prompt_encoder
+
+    with pytest.raises(MissingWeightsError, match=r"HunyuanVideo-1.5 Qwen2.5-VL tokenizer not found: expected "
+                                                  r".*tokenizer/tokenizer_config.json \(model.hunyuan_path\)"):
+        load_prompt_encoder(tmp_path, torch.float32, torch.device("cpu"))
+
+
+def test_the_tiny_encoders_are_seeded_and_read_prompt_and_image():
+    from jensenkv.models.worldplay.text import TinyPromptEncoder
+
+    enc = TinyPromptEncoder(24, 16, 20, seed=0)
+    image = torch.rand(3, 32, 32) * 2 - 1
+    a, b = enc("a stone bridge", image), TinyPromptEncoder(24, 16, 20, seed=0)("a stone bridge", image)
+    assert torch.equal(a.text, b.text) and torch.equal(a.vision, b.vision)
+    assert a.text.shape == (1, 3, 24) and a.vision.shape == (1, 16, 20)
+    assert not torch.equal(enc("a wooden bridge", image).text, a.text)  # the words matter
+    assert not torch.equal(enc("a stone bridge", -image).vision, a.vision)  # the image matters
+    assert int(a.byt5_mask.sum()) == 0 and int(enc('a sign reading "OPEN"', image).byt5_mask.sum()) == 4  # quoted text
