@@ -43,7 +43,7 @@ def check_model(name: str, cfg: Mapping[str, Any]) -> Check:
                                               f"{', '.join(FAMILIES)}"])
     own = family(kind)
     return Check(f"model {name}", files=own.files(own.view(cfg)), modules=module_checks(own.packages),
-                 terms=[own.licence] if own.licence else [])
+                 terms=own.terms(own.view(cfg)))
 
 
 def readiness(metrics: Sequence[str], vbench_dimensions: Sequence[str] = (), lpips_net: str = "alex",

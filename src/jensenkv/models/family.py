@@ -112,6 +112,10 @@ class ModelFamily:
         family whose experiment axis lives in generation (WorldPlay's memory mode) names it here."""
         return model.name
 
+    def terms(self, model: Any) -> list[str]:
+        """The conditions of use of the weights this model config reads (``make check-weights``)."""
+        return [self.licence] if self.licence else []
+
     def check_batch(self, generation: Any) -> None:
         """A family that generates one video at a time refuses generation.batch_size > 1."""
         if not self.batches and generation.batch_size not in ("auto", 1):

@@ -100,6 +100,10 @@ class WorldPlayFamily(ModelFamily):
         pairs += [wp.inputs(scene["prompt"]) for scene in wp.scenes or ()]
         return pairs
 
+    def terms(self, model: Any) -> list[str]:
+        """The licence for the official weights; the tiny preset's seeded random weights are not Tencent's."""
+        return [] if model.preset == "tiny" else super().terms(model)
+
     def model_label(self, model: Any, generation: Any) -> str:
         """name+memory mode (e.g. worldplay_8b_distilled+append): the two modes are Table 1's two row groups."""
         return f"{model.name}+{worldplay_settings(generation).memory}"
