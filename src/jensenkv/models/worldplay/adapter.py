@@ -67,7 +67,7 @@ class WorldPlayChunkwiseAdapter:
                                            text_as_cache=self.settings.text_in_correction, device=self.device)
                         for b in BRANCHES}
         self.selector = MemorySelector(memory_settings(self.settings, generation.frames_per_chunk))
-        self.memory_log: list[list[int]] = []   # the frames in memory of each chunk (cond branch)
+        self.memory_log: list[list[int]] = []   # the frames in memory of each chunk
         self.reset()
 
     # --- protocol ---------------------------------------------------------------------------------------
@@ -151,9 +151,9 @@ class WorldPlayChunkwiseAdapter:
         """A new chunk: select its memory and write it to the branch's caches (the context pass)."""
         if self._entered.get(branch) == chunk_index:
             return
-        memory = self.selector(self._trajectory.w2c, chunk_index)
-        if branch == "cond":
-            self.memory_log.append(memory)
+        if len(self.memory_log) <= chunk_index:  # selected once per chunk, shared by the CFG branches
+            self.memory_log.append(self.selector(self._trajectory.w2c, chunk_index))
+        memory = self.memory_log[chunk_index]
         if memory:
             x = torch.cat([self._history[:, :, memory], self._cond[:, :, memory]], dim=1)  # (1, 2C + 1, n, h, w)
             level = self.settings.stabilization_level - 1
