@@ -11,6 +11,7 @@ from PIL import Image
 from jensenkv.models.worldplay.trajectory import poses_from_motions, write_pose_json
 from jensenkv.models.worldplay.vae import TinyVae, condition_latents, read_image
 from jensenkv.run import run_overrides
+from jensenkv.tracking import config_hash
 
 TINY = ("model=worldplay_tiny", "model.device=cpu", "eval.num_prompts=1", "logger=disabled", "eval.metrics=[psnr]")
 
@@ -152,3 +153,23 @@ def test_the_tiny_encoders_are_seeded_and_read_prompt_and_image():
     assert not torch.equal(enc("a wooden bridge", image).text, a.text)  # the words matter
     assert not torch.equal(enc("a stone bridge", -image).vision, a.vision)  # the image matters
     assert int(a.byt5_mask.sum()) == 0 and int(enc('a sign reading "OPEN"', image).byt5_mask.sum()) == 4  # quoted text
+
+
+def test_a_changed_image_or_pose_file_changes_the_run_and_reference_ids(tmp_path):
+    from jensenkv.run import preset
+
+    png(tmp_path / "first.png", 32, 32, seed=0)
+    pose = write_pose_json(tmp_path / "pose.json", poses_from_motions([{"forward": 0.1}] * 19))
+    args = (*TINY, f"generation.worldplay.image={tmp_path / 'first.png'}", f"generation.worldplay.trajectory={pose}")
+
+    def ids():
+        spec = preset(*args)
+        return spec.run_id, config_hash(spec.reference_identity(spec.prompts[0], 0))
+
+    before = ids()
+    assert ids() == before  # same files, same ids
+    png(tmp_path / "first.png", 32, 32, seed=1)  # same path, other pixels
+    after_image = ids()
+    assert after_image[0] != before[0] and after_image[1] != before[1]
+    write_pose_json(pose, poses_from_motions([{"forward": 0.2}] * 19))
+    assert ids()[0] != after_image[0]

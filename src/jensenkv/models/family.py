@@ -170,6 +170,11 @@ class ModelFamily:
         """A digest of the weights for the run id (None: the model config names the weights itself)."""
         return None
 
+    def input_digests(self, model: Any, generation: Any, prompts: list[str]) -> dict[str, str | None] | None:
+        """Per prompt, a digest of the input files its video depends on (so a changed image changes the run id);
+        None: the family reads no input file."""
+        return None
+
     def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
         """The chunk-wise adapter (jensenkv.generate.ChunkwiseModel) of ``model`` with that cache,
         attention settings and sampler."""

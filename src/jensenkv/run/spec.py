@@ -37,12 +37,14 @@ class RunSpec(RunConfig):
     geometry: Optional[Geometry] = None       # None: the model's config files are absent (check_weights names them)
     weights_digest: Optional[str] = None      # the family's digest of the weights (None: the config names them)
     calibration_digest: Optional[str] = None  # content digest of attention.calibration (None without one)
+    # the family's digest of each prompt's input files (WorldPlay: first frame, pose file); None: it reads none
+    input_digests: Optional[dict[str, Optional[str]]] = None
 
     def identity(self) -> dict:
         """What the run id hashes: everything that changes the run's videos or metrics."""
         metrics = sorted(self.eval.metrics)
         probes = self.attention.probes
-        return {
+        return self._with_inputs(self.prompts) | {
             "model": self.model.to_dict(),
             "weights": self.weights_digest,
             "generation": self.generation.sampling(),
@@ -74,11 +76,17 @@ class RunSpec(RunConfig):
 
     def reference_identity(self, prompt: str, seed: int) -> dict:
         """What a BF16 reference video depends on: model, generation, prompt, seed and the cache layout."""
-        return {"kind": "full-precision reference", "model": self.model.to_dict(),
+        return self._with_inputs([prompt]) | {"kind": "full-precision reference", "model": self.model.to_dict(),
                 "weights": self.weights_digest, "generation": self.generation.sampling(),
                 "prompt": prompt, "seed": int(seed),
                 "sink_chunks": self.cache.sink_chunks, "window_chunks": self.cache.window_chunks,
                 "full_precision_dtype": self.cache.full_precision_dtype, "backend": self.attention.backend}
+
+    def _with_inputs(self, prompts: list[str]) -> dict:
+        """{"inputs": the prompts' input-file digests} when the family reads input files, else {} (ids as before)."""
+        if self.input_digests is None:
+            return {}
+        return {"inputs": [self.input_digests.get(p) for p in prompts]}
 
     def labels(self) -> dict:
         """Columns of the results table that describe the run."""
@@ -108,7 +116,8 @@ def resolve(config: RunConfig) -> RunSpec:
     own = family(config.model.kind)
     geometry = own.geometry(config.model, config.generation)
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(RunConfig)}
-    spec = RunSpec(**values, geometry=geometry, weights_digest=own.weights_digest(config.model))
+    spec = RunSpec(**values, geometry=geometry, weights_digest=own.weights_digest(config.model),
+                   input_digests=own.input_digests(config.model, config.generation, config.prompts))
     if geometry is not None:
         spec.cache.key_value(spec.quant, geometry.head_dim)  # group divisibility, power-of-two Hadamard
         tokens, key = geometry.tokens_per_chunk, spec.key

@@ -8,26 +8,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jensenkv.checks import check_choice, check_int, fail
-from jensenkv.models.family import (
-    CheckpointNode,
-    Download,
-    Geometry,
-    ModelFamily,
-    cached_model_dir,
-)
-from jensenkv.models.worldplay.node import (
-    HUNYUAN_PARTS,
-    LICENCE,
-    PRESET_VARIANTS,
-    PRESETS,
-    SPATIAL_DOWNSAMPLE,
-    WorldPlayNode,
-    architecture,
-    pixel_size,
-    precision,
-    video_frames,
-    worldplay_settings,
-)
+from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir, file_digest
+from jensenkv.models.worldplay.node import (HUNYUAN_PARTS, LICENCE, PRESET_VARIANTS, PRESETS, SPATIAL_DOWNSAMPLE,
+                                            WorldPlayNode, architecture, pixel_size, precision, video_frames,
+                                            worldplay_settings)
 
 
 class WorldPlayFamily(ModelFamily):
@@ -128,6 +112,20 @@ class WorldPlayFamily(ModelFamily):
             read_image(image, size)
 
     # --- what needs files --------------------------------------------------------------------------------
+    def input_digests(self, model: Any, generation: Any, prompts: list[str]) -> dict[str, str | None] | None:
+        """Per prompt: the content digests of its first frame and pose file (None when it has neither, e.g.
+        the tiny preset's seeded image and a preset trajectory; an absent file digests as None, and
+        ``check_inputs`` names it)."""
+        wp = worldplay_settings(generation)
+        digests: dict[str, str | None] = {}
+        for prompt in prompts:
+            image, trajectory = wp.inputs(prompt)
+            files = [Path(str(image)).expanduser() if image is not None else None,
+                     Path(trajectory).expanduser() if trajectory.endswith(".json") else None]
+            parts = [file_digest(f) if f is not None else None for f in files]
+            digests[prompt] = None if files == [None, None] else "/".join(str(p) for p in parts)
+        return digests
+
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         try:
             cfg = self.architecture(model)
