@@ -179,3 +179,23 @@ def test_the_memory_mode_is_part_of_the_results_model_label():
     assert resolve(run_config(generation=gen(memory="append"))).labels()["model"] == "tiny+append"
     other = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
     assert other.labels()["model"] == "tiny"  # the other families: the model name, as before
+
+
+def test_table1_worldplay_sweeps_three_quantizers_and_bf16_each_none_to_taylor_in_both_memory_modes():
+    from omegaconf import OmegaConf
+
+    from jensenkv.run.spec import compose_config, resolve
+
+    cfg = compose_config(["experiment=table1_worldplay"], hydra_config=True)
+    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
+    assert params == {"quant": ["bf16", "rtn", "quarot", "qvg"], "correction": ["none", "taylor"],
+                      "generation.worldplay.memory": ["rebuild", "append"]}
+    labels = set()
+    for memory in params["generation.worldplay.memory"]:
+        spec = resolve(OmegaConf.to_object(compose_config(["experiment=table1_worldplay", "quant=qvg",
+                                                           f"generation.worldplay.memory={memory}"])))
+        assert (spec.model.preset, spec.generation.steps, spec.generation.guidance_scale) == ("8b_distilled", 4, 1.0)
+        assert len(spec.prompts) == 4 and len(spec.generation.worldplay.scenes) == 4  # eval=worldplay's triplets
+        assert spec.key.qvg_centroids <= spec.geometry.tokens_per_chunk == 6240
+        labels.add(spec.labels()["model"])
+    assert labels == {"worldplay_8b_distilled+rebuild", "worldplay_8b_distilled+append"}
