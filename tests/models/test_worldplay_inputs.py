@@ -3,6 +3,8 @@ mask 1, per-prompt scenes, and every bad input (image size, missing image, short
 line naming the key before any model loads."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -173,3 +175,18 @@ def test_a_changed_image_or_pose_file_changes_the_run_and_reference_ids(tmp_path
     assert after_image[0] != before[0] and after_image[1] != before[1]
     write_pose_json(pose, poses_from_motions([{"forward": 0.2}] * 19))
     assert ids()[0] != after_image[0]
+
+
+def test_the_command_line_prints_one_line_for_bad_input(tmp_path, capsys, no_model):
+    from jensenkv.run.cli import main
+
+    png(tmp_path / "small.png", 16, 16)
+    for override, line in ((f"generation.worldplay.image={tmp_path / 'small.png'}",
+                            r"generation.worldplay.image='.*small.png' is not allowed: it is 16 x 16 pixels"),
+                           ("generation.worldplay.trajectory=w-3",
+                            r"generation.worldplay.trajectory='w-3' is not allowed: it has 4 latent frames")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["model=worldplay_tiny", "model.device=cpu", f"paths.results_dir={tmp_path}", override])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.match(rf"error: {line}", err[0]), err
