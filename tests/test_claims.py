@@ -101,7 +101,8 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
                     wobble = 0.01 if (i + layer) % 2 else -0.01  # averages to 0 over the videos
                     rows.append({"prompt_index": p, "seed": seed, "layer": layer, "step": -1 if step is None else step,
                                  "chunk": 1, "branch": "cond", "p_s": 0.8, "p_s_ref": 0.79, "delta_p_s": 0.01,
-                                 "em_theta": -0.2, "em_var_ratio": 0.5, "em_first_order": first + wobble,
+                                 "em_slope": -0.2, "em_corr": -0.4, "em_mean_err": -0.05, "em_mean_err_small": -0.3,
+                                 "em_var_ratio": 0.5, "em_predicted_jensen": 0.8 * b, "em_first_order": first + wobble,
                                  "em_jensen": jensen, "em_log_zs_shift": first + wobble + jensen,
                                  "em_predicted_taylor": b if step is not None else 99.0, "em_n_eff": 10.0 + layer,
                                  "em_n_eff_fraction": 0.05})
@@ -319,6 +320,26 @@ def test_reading_rule(first, jensen, b, words):
     assert words in text
 
 
+def test_the_jensen_term_is_read_against_sum_pi_one_minus_pi_b_and_the_overshoot_it_predicts():
+    """b = 0.30 against a Jensen term of 0.24: with sum pi(1-pi) b = 0.24 that is the model's own prediction
+    (1x), and the overshoot left (-0.06 = -sum pi^2 b) is what it predicts too."""
+    text = reading({"first_order": 0.0, "jensen": 0.24, "log_zs_shift": 0.24, "predicted_taylor": 0.30,
+                    "predicted_jensen": 0.24, "mean_err": -0.01, "mean_err_small": -0.4})
+    assert "(1x its prediction sum pi(1-pi) b = 0.24)" in text
+    assert "overshoots; the model predicts -0.06" in text
+    assert "mean error -0.01 steps (-0.4 on small channels)" in text
+
+
+def test_the_report_shows_the_jensen_prediction_and_the_mean_error(store):
+    from jensenkv.report.diagnostics import render_diagnostics
+
+    text = render_diagnostics(uncorrected_diagnostics(store, MODEL))
+    assert "Σπ(1-π)b" in text and "mean e/D (small ch.)" in text and "corr(k, e)" in text
+    assert "theta" not in text
+    layer0 = uncorrected_diagnostics(store, MODEL).table.set_index(["row", "layer"]).loc[("rtn INT2 g32", 0)]
+    assert layer0["predicted_jensen"] == pytest.approx(0.8 * 0.12) and layer0["mean_err_small"] == pytest.approx(-0.3)
+
+
 def test_per_layer_refuses_probes_without_diagnostics():
     frame = pd.DataFrame({"layer": [0], "step": [0], "delta_p_s": [0.1]})
     with pytest.raises(ValueError, match="attention.diagnostics=true"):
@@ -389,3 +410,16 @@ def test_a_verdict_the_paired_test_does_not_back_says_so():
     assert claim.summary == "holds when rtn"
     assert claim.headline == "holds when rtn (not backed by the paired test (p >= 0.05): rtn)"
     assert "Caveat: not backed by the paired test" in render_claim(claim)
+
+
+def test_the_attention_mass_figure_names_its_reference_as_the_same_call_in_full_precision():
+    """p_s_ref is the same attention call with the run's own cache in full precision, not the BF16 run: the legend
+    says so (the label "BF16" suggested another run's history)."""
+    from jensenkv.report.figures import plot_attention_mass
+
+    frame = pd.DataFrame({"layer": [0, 0], "step": [0, 1], "chunk": [1, 1], "branch": ["cond", "cond"],
+                          "p_s": [0.5, 0.6], "p_r": [0.5, 0.4], "p_s_ref": [0.4, 0.5], "delta_p_s": [0.1, 0.1],
+                          "jsd": [0.01, 0.01], "prompt_index": [0, 0], "seed": [0, 0]})
+    fig = plot_attention_mass({"INT2 RTN": frame})
+    names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert names[0] == "same call, run's own cache in full precision" and "BF16" not in names

@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from jensenkv.eval.stats import Interval, PairedDifference
-from jensenkv.report.diagnostics import Diagnostics, diagnose
+from jensenkv.report.diagnostics import Diagnostics, diagnose, render_diagnostics
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.table1 import DIGITS
 from jensenkv.report.verdicts import FAILS, HOLDS, MISSING, RULE, summarize, verdict
@@ -125,7 +125,8 @@ def _rows_at(opts: Options, bits: int, variant: str) -> list[str]:
 def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
     """Claim 1: (a) uncorrected dP_S > 0; (b) the correction shrinks |dP_S| (paired per video)."""
     a = Claim("1a", f"INT{bits} cached keys steal attention mass",
-              "uncorrected dP_S = P_S(quantized) - P_S(BF16), mean over videos of the per-video mean over probes: "
+              "uncorrected dP_S = P_S(quantized cache) - P_S(same call, the run's own cache in full precision), "
+              "mean over videos of the per-video mean over probes: "
               "claimed above 0 (paper: median about +0.15 on MAGI-1)", ["dP_S uncorrected [95% CI]", "n"])
     b = Claim("1b", f"the {correction} correction brings dP_S to about 0",
               f"paired per video: abs(dP_S) with {correction} - abs(dP_S) uncorrected: claimed below 0",
@@ -291,32 +292,6 @@ def render_claim(claim: Claim) -> str:
         lines += [_md_table(table), ""]
     lines += [f"- missing: {portable(m)}" for m in claim.missing]
     return "\n".join(lines).rstrip() + "\n"
-
-
-DIAG_COLUMNS = {"layer": "layer", "theta": "theta", "var_ratio": "Var(e)/(D²/12)", "first_order": "first order",
-                "jensen": "Jensen", "log_zs_shift": "log Z_S shift", "predicted_taylor": "b removes",
-                "residual": "shift - b [95% CI]", "n_eff": "n_eff", "delta_p_s": "dP_S"}
-
-
-def render_diagnostics(diag: Diagnostics) -> str:
-    lines = ["## Why: error-model diagnostics per layer (uncorrected runs)", "",
-             ("Means over denoising probes of the em_* keys (jensenkv.attention.diagnostics). The cached block's "
-              "log Z_S shift = first-order term + Jensen term; the correction's model says the first-order term is "
-              "0 and b removes the Jensen term. 'shift - b' is what is left after subtracting b (interval over "
-              "videos); n_eff is how many cached keys a query attends to."), ""]
-    if diag.missing:
-        return "\n".join(lines + [f"- missing: {portable(m)}" for m in diag.missing]) + "\n"
-    lines += [f"Runs over {diag.context}.", ""]
-    for row, part in diag.table.groupby("row", sort=False):
-        shown = part.copy()
-        shown["residual"] = [fmt_interval(Interval(r.residual, r.residual_low, r.residual_high, int(r.videos)),
-                                          "residual") for r in part.itertuples()]
-        for col in ("theta", "var_ratio", "first_order", "jensen", "log_zs_shift", "predicted_taylor", "n_eff",
-                    "delta_p_s"):
-            shown[col] = [f"{v:+.3g}" if col not in ("var_ratio", "n_eff") else f"{v:.3g}" for v in part[col]]
-        lines += [f"### {row}", "", _md_table(shown[list(DIAG_COLUMNS)].rename(columns=DIAG_COLUMNS)), ""]
-        lines += [f"- layer {r.layer}: {r.reading}" for r in part.itertuples()] + [""]
-    return "\n".join(lines)
 
 
 def render(reports: list[ModelReport], results_dir: str | Path, correction: str) -> str:
