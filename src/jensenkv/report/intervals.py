@@ -15,8 +15,8 @@ import math
 
 import pandas as pd
 
-from jensenkv.eval.stats import PairedDifference, mean_interval, paired_difference
-from jensenkv.report.rows import BASELINE, VIDEO_KEYS, VIDEO_METRICS, run_ids_of
+from jensenkv.eval.stats import Interval, PairedDifference, mean_interval, shift_test
+from jensenkv.report.rows import BASELINE, VIDEO_KEYS, VIDEO_METRICS, cluster_means, run_ids_of
 
 
 def add_intervals(table: pd.DataFrame, videos: pd.DataFrame, cell: tuple[str, ...] = ("model", "row_id"),
@@ -26,12 +26,13 @@ def add_intervals(table: pd.DataFrame, videos: pd.DataFrame, cell: tuple[str, ..
     out = table.copy()
     by_cell = [_cell_videos(videos, row["run_id"]) for _, row in out.iterrows()]
     out["num_videos"] = [len(v) for v in by_cell]
+    out["num_clusters"] = [v.index.get_level_values("prompt").nunique() if len(v) else 0 for v in by_cell]
     twins = [_twin(out, row, cell, baseline) for _, row in out.iterrows()]
     for metric in VIDEO_METRICS:
         lows, highs, deltas, ps, d_lows, d_highs = [], [], [], [], [], []
         for per_video, twin in zip(by_cell, twins):
             values = per_video[metric] if metric in per_video else pd.Series(dtype=float)
-            ci = mean_interval(values.to_numpy())
+            ci = cell_interval(values)
             lows.append(ci.low)
             highs.append(ci.high)
             delta = p = d_low = d_high = math.nan
@@ -49,11 +50,34 @@ def add_intervals(table: pd.DataFrame, videos: pd.DataFrame, cell: tuple[str, ..
     return out
 
 
+def cell_interval(values: pd.Series, prompt: str = "prompt", seed: str = "seed") -> Interval:
+    """The mean of a cell's per-video values (indexed by VIDEO_KEYS, or any index with ``prompt`` and ``seed``
+    levels) with its interval over prompts (``rows.cluster_means``); n = prompts, videos = the videos behind."""
+    values = values.dropna()
+    return mean_interval(cluster_means(values, prompt, seed).to_numpy(), videos=len(values))
+
+
 def paired(treated: pd.Series, base: pd.Series) -> PairedDifference:
-    """treated - base, video by video: the values of equal index (VIDEO_KEYS, or (prompt, seed) between rows),
-    in the treated videos' order."""
-    joined = pd.concat([treated.rename("t"), base.rename("b")], axis=1, join="inner")
-    return paired_difference(joined["t"].to_numpy(), joined["b"].to_numpy())
+    """treated - base, video by video (values of equal index: VIDEO_KEYS, or (prompt, seed) between rows), then
+    averaged per prompt (``rows.cluster_means``): interval, sign-flip p and power over prompts."""
+    diff = _differences(treated, base)
+    return shift_test(cluster_means(diff).to_numpy(), videos=len(diff))
+
+
+def _differences(treated: pd.Series, base: pd.Series) -> pd.Series:
+    joined = pd.concat([treated.rename("t"), base.rename("b")], axis=1, join="inner").dropna()
+    return joined["t"] - joined["b"]
+
+
+def cluster_differences(treated: pd.Series, base: pd.Series) -> pd.Series:
+    """treated - base paired per video, then one mean per prompt: the values ``paired`` tests."""
+    return cluster_means(_differences(treated, base))
+
+
+def shift(values: pd.Series) -> PairedDifference:
+    """A per-video quantity against 0 (e.g. the uncorrected dP_S), over prompts as ``paired``."""
+    values = values.dropna()
+    return shift_test(cluster_means(values).to_numpy(), videos=len(values))
 
 
 def _cell_videos(videos: pd.DataFrame, cell_run_id: str) -> pd.DataFrame:

@@ -45,11 +45,12 @@ from jensenkv.tracking import atomic_write, load_results, portable
 
 CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
                "dither", "smoothing", "qvg_centroids", "correction", "strength", "treatment", "effective_bits",
-               "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
-               "num_runs", "vbench_dimensions_used", "run_id")
+               "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_abs", "delta_p_s_median", "jsd",
+               "num_prompts", "num_runs", "vbench_dimensions_used", "run_id")
 # Run-level numbers a pooled cell averages over its runs (weighted by videos); renamed to their CSV names.
 POOLED = {"effective_bits": "effective_bits", "psnr": "psnr", "ssim": "ssim", "lpips": "lpips", "vbench": "vbench",
-          "content": "content", "delta_p_s_mean": "delta_p_s", "delta_p_s_median": "delta_p_s_median",
+          "content": "content", "delta_p_s_mean": "delta_p_s", "delta_p_s_abs_mean": "delta_p_s_abs",
+          "delta_p_s_median": "delta_p_s_median",
           "jsd_mean": "jsd"}
 GRID_TAG_ORDER = {"min_aligned": 1, "fixed_point": 2, "dither": 3, "channel_mean": 4}  # QuantConfig.label's tags
 DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2, "delta_p_s": 4}
@@ -178,8 +179,18 @@ def long_table(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFr
     return table[list(CSV_COLUMNS) + reasons + extra].reset_index(drop=True)
 
 
+def fmt_signed(value: float, digits: int, signed: bool = True) -> str:
+    """``value`` to ``digits`` decimals ("+" shown when ``signed``), or to 2 significant digits when those
+    decimals would print a nonzero value as 0: the sign of a bound stays visible ("+0.00034", not "+0.00")."""
+    sign = "+" if signed else ""
+    text = f"{value:{sign}.{digits}f}"
+    if value != 0 and math.isfinite(value) and float(text) == 0:
+        text = f"{value:{sign}.2g}"
+    return text
+
+
 def _fmt(value: object, metric: str) -> str:
-    return f"{float(value):.{DIGITS[metric]}f}" if present(value) else "n/a"
+    return fmt_signed(float(value), DIGITS[metric], False) if present(value) else "n/a"
 
 
 def paper_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -218,8 +229,10 @@ def _paired(fixed: pd.Series | None) -> str:
     if fixed is None or pd.isna(fixed.get("delta_psnr", math.nan)):
         return "n/a"
     low, high = fixed.get("delta_psnr_ci95_low"), fixed.get("delta_psnr_ci95_high")
-    interval = f" [{low:+.2f}, {high:+.2f}]" if pd.notna(low) and pd.notna(high) else ""
-    return f"{fixed['delta_psnr']:+.2f}{interval}, p={fixed['p_psnr']:.2g} (n={int(fixed['num_videos'])})"
+    d = DIGITS["psnr"]
+    interval = f" [{fmt_signed(low, d)}, {fmt_signed(high, d)}]" if pd.notna(low) and pd.notna(high) else ""
+    return (f"{fmt_signed(fixed['delta_psnr'], d)}{interval}, p={fixed['p_psnr']:.2g} "
+            f"(n={int(fixed['num_clusters'])} prompts / {int(fixed['num_videos'])} videos)")
 
 
 def missing_notes(table: pd.DataFrame) -> list[str]:
@@ -240,18 +253,22 @@ def measurement_notes(table: pd.DataFrame) -> list[str]:
     """What each cell averages over: videos, pooled replicates (rotation seeds), the probed denoising steps."""
     notes = []
     if "num_videos" in table.columns and len(table):
-        counts = sorted({int(n) for n in table["num_videos"]})
-        notes.append("each cell: mean over its videos (n = prompts x seeds, x rotation seeds where pooled; n = "
-                     + "/".join(str(c) for c in counts) + ") with a 95% bootstrap interval in table1.csv; "
-                     + PAIRED_HEADER + ": treated - none, paired video by video (prompt, seed, rotation seed), "
-                     "bootstrap interval, sign-flip p")
+        counts = sorted({(int(c), int(n)) for c, n in zip(table["num_clusters"], table["num_videos"])})
+        notes.append("each cell: mean over its videos (prompts x seeds, x replicates where pooled: "
+                     + ", ".join(f"{c} prompts / {n} videos" for c, n in counts) + "); its 95% interval in "
+                     "table1.csv and every test are over prompts, the independent units (replicates averaged within "
+                     "(prompt, seed), seeds within the prompt: BCa bootstrap, exact sign-flip p); "
+                     + PAIRED_HEADER + ": treated - none, paired video by video (prompt, seed, replicate), then "
+                     "averaged per prompt; raw p (the claims report adjusts for multiplicity); per-video values in "
+                     "table1_videos.csv")
     pooled = table[table["num_runs"].fillna(1) > 1] if "num_runs" in table.columns else table.iloc[0:0]
     for label, seeds in dict(zip(pooled["label"], pooled["rotation_seeds"])).items():
         what = f"rotation seeds {seeds}" if isinstance(seeds, str) else "runs differing only in seed fields"
         notes.append(f"{label}: {what} pooled into one row")
     steps = table["probe_steps"].dropna().unique() if "probe_steps" in table.columns else []
     for probed in steps:
-        notes.append(f"dP_S (P_S quantized - P_S BF16, attention mass on the cache): mean over probes on "
+        notes.append(f"dP_S (attention mass on the cache: P_S with the quantized cache - P_S of the same call with "
+                     f"the run's own cache in full precision): mean over probes on "
                      f"denoising steps {probed} only (every layer, chunk, branch and video)")
     return notes
 
