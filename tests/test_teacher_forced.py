@@ -56,3 +56,26 @@ def test_the_plain_loop_only(tiny_wan_adapter):
     staircase = dataclasses.replace(GEN, window_size=3)
     with pytest.raises(ValueError, match="generation.window_size=3 is not allowed for teacher-forced fidelity"):
         teacher_forced_chunks(tiny_wan_adapter(generation=GEN), tiny_wan_adapter(generation=GEN), PROMPT, 0, staircase)
+
+
+def test_a_run_records_teacher_forced_fidelity_per_chunk_and_video(tmp_path, tiny_weights):
+    """eval.metrics with teacher_forced: per-video tf_psnr / tf_rel_err / tf_latent_rel_err (means over chunks >= 1)
+    and the per-chunk rows in the prompt results; the BF16 run records it missing; a staircase schedule is refused
+    when the config is built."""
+    from jensenkv.run import compose_config, run_overrides
+    from jensenkv.run.spec import build_spec
+    from pipeline_testkit import fast_overrides
+
+    record = run_overrides(fast_overrides(tmp_path, tiny_weights, "eval.metrics=[psnr,teacher_forced]",
+                                          "correction=taylor"))
+    video = record["per_prompt"][0]
+    assert [row["chunk"] for row in video["teacher_forced"]] == [1]  # 2 chunks: chunk 1 reads the cache
+    row = video["teacher_forced"][0]
+    assert video["metrics"]["tf_psnr"] == pytest.approx(row["psnr"]) and row["rel_err"] > 0
+    assert video["metrics"]["tf_rel_err"] == pytest.approx(row["rel_err"])
+    assert record["metrics"]["tf_latent_rel_err"] == pytest.approx(row["latent_rel_err"])
+    bf16 = run_overrides(fast_overrides(tmp_path, tiny_weights, "eval.metrics=[psnr,teacher_forced]", "quant=bf16"))
+    assert "teacher_forced" in bf16["missing"]
+    with pytest.raises(ValueError, match="generation.window_size=2 is not allowed for teacher-forced"):
+        build_spec(compose_config(fast_overrides(tmp_path, tiny_weights, "eval.metrics=[teacher_forced]",
+                                                 "generation.window_size=2")))
