@@ -99,7 +99,7 @@ def headline_word(summary: str) -> str:
 
 RULE = ("Each option (quantizer row) gets a test per claim, over **prompts** as independent units: every "
         "video's value is first averaged over its replicates (rotation / dither seeds) within its (prompt, seed), "
-        "then over seeds within its prompt; the 95% interval is a BCa bootstrap over those prompt means and the "
+        "then over seeds within its prompt; the 95% interval is a Student-t interval over those prompt means and the "
         "p-value an exact sign-flip test over them (2^prompts sign vectors; Monte Carlo with 1e5 draws and its "
         "s.e. above 20 prompts). **Multiplicity:** one pre-specified primary endpoint is tested at 0.05 alone; "
         "every other test is Holm-adjusted within its claim (the family: that claim's options, one metric; the "
