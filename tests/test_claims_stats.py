@@ -257,3 +257,43 @@ def test_bounds_keep_their_sign():
     assert fmt_interval(Interval(0.001, 0.00034, 0.002, 8), "psnr") == "+0.001 [+0.00034, +0.002]"
     assert fmt_interval(Interval(-0.01, -0.0042, 0.3, 8), "psnr") == "-0.01 [-0.0042, +0.30]"
     assert fmt_interval(Interval(27.0, 26.5, 27.5, 8), "psnr", signed=False) == "27.00 [26.50, 27.50]"
+
+
+# --- the per-video CSV recomputes Table 1 -----------------------------------------------------------------------
+def test_table1_videos_csv_recomputes_three_cells(known, tmp_path):
+    from scipy import stats
+
+    from jensenkv.report.table1 import write_table1
+
+    root, _ = known
+    written = write_table1(root, tmp_path, figures=False, allow_incomplete=True)
+    table = pd.read_csv(written["csv"])
+    videos = pd.read_csv(written["videos"])
+    assert len(videos) == videos[["run_id", "prompt", "seed", "replicate"]].drop_duplicates().shape[0]
+
+    def cell(label, treatment):
+        return table[(table["label"] == label) & (table["treatment"] == treatment) & (table["bits"] == 2)].iloc[0]
+
+    def per_video(label, treatment):
+        part = videos[(videos["label"] == label) & (videos["treatment"] == treatment) & (videos["bits"] == "INT2 g32")]
+        return part.set_index(["prompt", "seed", "replicate"])["psnr"]
+
+    # 1. a cell's mean: the mean of its videos
+    rtn = "RTN, integer zero"
+    assert cell(rtn, "none")["psnr"] == pytest.approx(per_video(rtn, "none").mean())
+    # 2. a pooled paired difference and its exact p: pair per video, average per (prompt, seed) then per prompt
+    quarot = "QuaRot (2 rotation seeds) + RTN, integer zero"
+    diff = (per_video(quarot, "taylor") - per_video(quarot, "none")).dropna()
+    by_prompt = diff.groupby(level=["prompt", "seed"]).mean().groupby(level="prompt").mean()
+    row = cell(quarot, "taylor")
+    assert (row["delta_psnr"], row["p_psnr"]) == pytest.approx((by_prompt.mean(), sign_flip(by_prompt).p))
+    assert (row["num_clusters"], row["num_videos"]) == (16, 96)
+    # 3. an interval: Student t over the prompt means of a pooled dithered cell
+    dither = "RTN, min-aligned zero, subtractive dither"
+    means = per_video(dither, "taylor").groupby(level=["prompt", "seed"]).mean().groupby(level="prompt").mean()
+    ci = stats.ttest_1samp(means, 0).confidence_interval()
+    assert (cell(dither, "taylor")["psnr_ci95_low"], cell(dither, "taylor")["psnr_ci95_high"]) == \
+        pytest.approx((ci.low, ci.high))
+    # the paper layout says how many prompts and videos stand behind a pooled row
+    md = Path(written["md"]).read_text()
+    assert "(n=16 prompts / 96 videos)" in md and "(n=16 prompts / 48 videos)" in md
