@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from jensenkv.eval.attention import denoising_rows
-from jensenkv.eval.stats import mean_interval
+from jensenkv.report.intervals import cell_interval
 from jensenkv.report.layers import cell_probes, probe_layer_means
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.rows import PROBE_VIDEO_KEYS
@@ -33,7 +33,7 @@ from jensenkv.tracking import portable
 DIAGNOSED = "em_log_zs_shift_mean"  # the run-level mean the runner stores when the probes carry diagnostics
 COLUMNS = ("row", "layer", "mean_err", "mean_err_small", "slope", "corr", "var_ratio", "first_order", "jensen",
            "predicted_jensen", "log_zs_shift", "predicted_taylor", "residual", "residual_low", "residual_high",
-           "n_eff", "n_eff_fraction", "delta_p_s", "videos", "reading")
+           "n_eff", "n_eff_fraction", "delta_p_s", "videos", "prompts", "reading")
 
 
 def has_diagnostics(frame: pd.DataFrame) -> bool:
@@ -45,7 +45,7 @@ def has_diagnostics(frame: pd.DataFrame) -> bool:
 def per_layer(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """{row label: probe table (``load_attention`` rows of one or more runs, with a run_id column)} -> one row
     per (row, layer): the means of the em_* keys (``layers.probe_layer_means``, without the prefix), the
-    residual with its 95% interval over videos, delta_p_s and a one-line reading."""
+    residual with its 95% interval over prompts (videos averaged within their prompt), delta_p_s and a one-line reading."""
     out = []
     for label, frame in frames.items():
         if not has_diagnostics(frame):
@@ -57,10 +57,11 @@ def per_layer(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         rows = denoising_rows(frame)
         per_video = rows.groupby([*PROBE_VIDEO_KEYS, "layer"])["em_residual"].mean().reset_index()
         for layer, mean in probe_layer_means(frame, ("em_residual",)).iterrows():
-            ci = mean_interval(per_video.loc[per_video["layer"] == layer, "em_residual"].to_numpy())
+            layer_videos = per_video.loc[per_video["layer"] == layer].set_index(list(PROBE_VIDEO_KEYS))
+            ci = cell_interval(layer_videos["em_residual"], prompt="prompt_index")  # over prompts (rows.cluster_means)
             entry = {k.removeprefix("em_"): float(v) for k, v in mean.items()}
             entry.update({"row": label, "layer": int(layer), "residual_low": ci.low, "residual_high": ci.high,
-                          "videos": ci.n})
+                          "videos": ci.num_videos, "prompts": ci.n})
             entry["reading"] = reading(entry)
             out.append(entry)
     table = pd.DataFrame(out)
