@@ -100,7 +100,7 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
         for i, (p, seed) in enumerate((p, s) for p in range(len(PROMPTS)) for s in SEEDS):
             for layer, (first, jensen, b) in diagnostics.items():
                 for step in (0, 1, None):  # None: the commit pass, which the diagnostics leave out
-                    wobble = 0.01 if (i + layer) % 2 else -0.01  # averages to 0 over the videos
+                    wobble = 0.01 if (p + layer) % 2 else -0.01  # averages to 0 over the prompts, differs between them
                     rows.append({"prompt_index": p, "seed": seed, "layer": layer, "step": -1 if step is None else step,
                                  "chunk": 1, "branch": "cond", "p_s": 0.8, "p_s_ref": 0.79, "delta_p_s": 0.01,
                                  "em_slope": -0.2, "em_corr": -0.4, "em_mean_err": -0.05, "em_mean_err_small": -0.3,
