@@ -72,6 +72,20 @@ def test_exact_p_of_a_small_known_sample():
     assert sign_flip(SAMPLE, null=2.0, alternative="less").p == 1 / 256  # every value below 2: the floor
 
 
+# 16 prompt means whose exact two-sided p is 3208/65536 = 0.0490: 4,999 Monte-Carlo draws put it on either side
+# of 0.05 depending on the seed
+SIXTEEN = np.array([1.4, 0.7, -0.4, -0.6, 0.4, 0.8, 1.0, 1.3, 1.5, -1.9, 1.4, -0.5, 1.6, 0.8, 1.1, 0.0])
+
+
+def test_exact_p_near_0_05_is_exact_for_every_seed():
+    signs = 1 - 2 * ((np.arange(2 ** 16)[:, None] >> np.arange(16)) & 1)  # every sign vector, (65536, 16)
+    sums = signs @ SIXTEEN
+    oracle = np.mean(np.abs(sums) >= abs(SIXTEEN.sum()) - 1e-9)
+    assert oracle == 3208 / 65536
+    for seed in range(5):
+        assert paired_difference(SIXTEEN, np.zeros(16), seed=seed).p_value == oracle
+
+
 def test_monte_carlo_beyond_the_exact_limit_says_so():
     mc = sign_flip(SAMPLE, exact_max=4, seed=3)  # forced to Monte Carlo: 1e5 draws
     assert mc.method == "monte carlo" and abs(mc.p - 12 / 256) < 4 * mc.se and 0.0005 < mc.se < 0.001
