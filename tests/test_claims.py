@@ -46,7 +46,9 @@ def test_summary_over_options():
     rtn, quarot, qvg = frozenset({"RTN", "g32"}), frozenset({"hadamard rotation", "RTN", "g32"}), frozenset({"QVG", "g32"})
     assert summarize([("rtn", rtn, HOLDS), ("quarot+rtn", quarot, HOLDS)]) == "holds: holds in 2 of 2 (rtn, quarot+rtn)"
     assert summarize([("rtn", rtn, FAILS), ("quarot+rtn", quarot, HOLDS), ("qvg", qvg, INCONCLUSIVE)]) == (
-        "mixed: holds in 1 of 3 (quarot+rtn), does not hold in 1 (rtn), inconclusive in 1; "
+        "mixed: holds in 1 of 3 (quarot+rtn), does not hold in 1 (rtn), inconclusive in 1")  # one row: no pattern
+    assert summarize([("rtn", rtn, FAILS), ("quarot+rtn", quarot, HOLDS), ("quarot-2", quarot, HOLDS)]) == (
+        "mixed: holds in 2 of 3 (quarot+rtn, quarot-2), does not hold in 1 (rtn); "
         "only the rows with hadamard rotation hold")
     assert summarize([("rtn", rtn, FAILS), ("qvg", qvg, FAILS)], "reversed") == "reversed: reversed in 2 of 2 (rtn, qvg)"
     assert summarize([("rtn", rtn, FAILS), ("qvg", qvg, INCONCLUSIVE)], "reversed") == \
@@ -209,7 +211,7 @@ def test_claim_3_against_int4(report):
     assert _verdicts(psnr) == {"rtn INT2 g32 + taylor vs rtn INT4 g64": FAILS,
                                "rtn INT2 g128 + taylor vs rtn INT4 g64": HOLDS}
     assert psnr.summary == ("mixed: holds in 1 of 2 (rtn INT2 g128 + taylor vs rtn INT4 g64), does not hold in 1 "
-                            "(rtn INT2 g32 + taylor vs rtn INT4 g64); only the rows with g128 hold")
+                            "(rtn INT2 g32 + taylor vs rtn INT4 g64)")  # one row: no shared setting is claimed
     g128 = next(e for e in psnr.entries if "g128" in e.option)
     assert g128.numbers["effective bits"] == "2.19 vs 4.38 (-50%)"
     assert any(m.startswith("quarot+rtn: no uncorrected INT4 run") for m in psnr.missing)
@@ -230,7 +232,7 @@ def test_every_verdict_has_an_interval_and_missing_metrics_say_why(report, store
     for claim in report.claims:
         assert f"### Claim {claim.key}:" in text
     assert "LPIPS backbone weights not found (synthetic store)" in text
-    assert "only the rows with g128 hold**" in text and "Verdict rule." in text
+    assert "**mixed: holds in 1 of 2 (rtn INT2 g128 + taylor vs rtn INT4 g64)" in text and "Verdict rule." in text
 
 
 def test_options_side_by_side(report):

@@ -10,8 +10,8 @@ For one option (a quantizer row) a claim is a test with two possible findings, t
 ``decide`` turns an option's (side, adjusted p) into its verdict; ``summarize`` turns a claim's verdicts into
 counts with the rows named: "holds" only when every tested option holds, the claim's failure word only when
 every one fails, "mixed" when some hold and some fail, "holds in part" / "<fails> in part" when the rest are
-inconclusive. When the options that hold share a setting no other option has (``distinguishing_tags``, from
-the quantizer settings, never from labels), the summary names it.
+inconclusive. When two or more options hold and share a setting no other option has (``distinguishing_tags``,
+from the quantizer settings, never from labels), the summary names it.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def summarize(results: Iterable[tuple[str, frozenset[str], str]], fails: str = F
     if missing:
         parts.append(f"missing for {len(missing)}")
     line = f"{word}: " + ", ".join(parts)
-    if holding and len(holding) < len(tested):
+    if 1 < len(holding) < len(tested):  # one row is no pattern: it is named above, its settings are not a rule
         tags = distinguishing_tags([r[1] for r in holding], [r[1] for r in tested if r[2] != HOLDS])
         if tags:
             line += f"; only the rows with {' and '.join(sorted(tags))} hold"
