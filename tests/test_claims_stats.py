@@ -4,6 +4,7 @@ digits that keep a sign visible, and the per-video CSV that recomputes Table 1's
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -311,3 +312,20 @@ def test_table1_videos_csv_recomputes_three_cells(known, tmp_path):
     # the paper layout says how many prompts and videos stand behind a pooled row
     md = Path(written["md"]).read_text()
     assert "(n=16 prompts / 96 videos)" in md and "(n=16 prompts / 48 videos)" in md
+
+
+def test_rendered_tables_keep_their_columns_and_say_reversed(known):
+    from jensenkv.report.claims import render
+
+    root, rep = known
+    text = render([rep], root, "taylor")
+    block: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:  # every row of a table has its header's cells: no "|" inside a cell
+            assert len({row.count("|") for row in block}) == 1, block[0]
+        block = []
+    quarot = [line for line in text.splitlines() if line.startswith("| quarot+rtn INT2 g32")]
+    assert any(re.search(r"\|\s*reversed\s*\|$", line) for line in quarot)  # a superiority claim's failure

@@ -36,9 +36,10 @@ from pathlib import Path
 import pandas as pd
 
 from jensenkv.eval.stats import ALPHA, Interval, PairedDifference, SignFlip, holm, sign_flip
+from jensenkv.report.checks import checks_section
 from jensenkv.report.diagnostics import Diagnostics, diagnose, render_diagnostics
-from jensenkv.report.endpoints import (ABOUT_ZERO, NON_INFERIORITY, PRIMARY, PRIMARY_REASON, SOURCE, Margin,
-                                       paper_effect)
+from jensenkv.report.endpoints import (ABOUT_ZERO, NON_INFERIORITY, NOT_COMPARABLE, PAPER_COMPARABLE, PRIMARY,
+                                       PRIMARY_REASON, SOURCE, Margin, paper_effect)
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.table1 import DIGITS, fmt_signed
 from jensenkv.report.verdicts import (FAILS, HOLDS, INCONCLUSIVE, MISSING, REVERSED, RULE, decide, side_of,
@@ -48,7 +49,7 @@ from jensenkv.tracking import atomic_write, portable
 # Fidelity metrics and the side of 0 that is better (a paired difference there is an improvement).
 FIDELITY = {"psnr": "above", "ssim": "above", "lpips": "below", "vbench": "above"}
 NAMES = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "delta_p_s": "dP_S",
-         "delta_p_s_abs": "mean |dP_S|"}
+         "delta_p_s_abs": "mean abs(dP_S)"}  # no "|" in a name: it would split a markdown table cell
 SHIFT_DIGITS = 4
 
 
@@ -201,13 +202,13 @@ def with_paper(entry: Entry, clusters: pd.Series, metric: str) -> Entry:
 
 
 def paper_text(entry: Entry, metric: str) -> str:
-    """"paper +0.91 (RTN): excluded, p Holm=0.003" / "consistent" / "-" (no paper row of this setting)."""
+    """"RTN +0.91: excluded; p=3.1e-05, Holm 9.2e-05" / "... not excluded; ..." / "-" (not a paper row)."""
     if entry.paper is None:
         return "-"
     name, effect, test = entry.paper
     d = _digits(metric)
     found = "excluded" if entry.paper_adjusted < ALPHA else "not excluded"
-    return f"{name} {fmt_signed(effect, d, True)}: {found} ({test.text()}, Holm {fmt_p(entry.paper_adjusted)})"
+    return f"{name} {fmt_signed(effect, d, True)}: {found}; {test.text()}, Holm {fmt_p(entry.paper_adjusted)}"
 
 
 def mde_text(est: PairedDifference | None, metric: str) -> str:
@@ -224,11 +225,12 @@ def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
               "sign-flip test over prompts (paper: median about +0.15 on MAGI-1)", ["dP_S uncorrected [95% CI]"])
     margin = ABOUT_ZERO
     b = Claim("1b", f"the {correction} correction brings dP_S to about 0",
-              f"mean |dP_S| over the probes of each video (every layer, chunk and probed step, so opposite-sign "
+              f"mean abs(dP_S) over the probes of each video (every layer, chunk and probed step, so opposite-sign "
               f"layers do not cancel) with {correction}: equivalent to 0 within the margin {margin.value:g} "
               f"({margin.reason}); two one-sided sign-flip tests over prompts (TOST; the lower one is trivially met "
-              "by an absolute value). The uncorrected mean |dP_S| and the paired change are shown for reference",
-              [f"mean |dP_S| uncorrected", f"mean |dP_S| {correction} [95% CI]", "d mean |dP_S| [95% CI], p"],
+              "by an absolute value). The uncorrected mean abs(dP_S) and the paired change are shown for reference",
+              ["mean abs(dP_S) uncorrected", f"mean abs(dP_S) {correction} [95% CI]",
+               "d mean abs(dP_S) [95% CI], p"],
               fails=FAILS, margin=margin)
     rows = _rows_at(opts, bits, "none")
     if not rows:
@@ -265,8 +267,9 @@ def claim_fidelity(opts: Options, bits: int, correction: str) -> list[Claim]:
         claim = Claim(f"2 ({name})", f"the {correction} correction improves {name} at INT{bits}",
                       f"{name} with {correction} - {name} uncorrected, paired per video, then averaged per prompt: "
                       f"claimed {side} 0 ({'higher' if side == 'above' else 'lower'} is better), two-sided sign-flip "
-                      f"test over prompts; a row with the settings of one of the paper's quantizers is also tested "
-                      f"against the paper's own effect ({SOURCE})",
+                      + (f"test over prompts; a row with the settings of one of the paper's quantizers is also "
+                         f"tested against the paper's own effect ({SOURCE}; Holm over those rows)"
+                         if metric in PAPER_COMPARABLE else f"test over prompts; {NOT_COMPARABLE[metric]}"),
                       [f"{name} uncorrected", f"{name} {correction}", f"d{name} [95% CI]"])
         if not rows:
             claim.missing.append(f"no uncorrected INT{bits} run in the store")
@@ -362,7 +365,7 @@ def options_table(opts: Options) -> pd.DataFrame:
                                                      if opts.pooled_note(row, variant) else ""),
                 "n prompts / videos": fmt_n(shown.n, shown.num_videos),
                 "dP_S [95% CI]": fmt_interval(dps, "delta_p_s"),
-                "d mean |dP_S| vs none, p": "-" if base else fmt_paired(
+                "d mean abs(dP_S) vs none, p": "-" if base else fmt_paired(
                     opts.paired(row, variant, "delta_p_s_abs"), "delta_p_s"),
                 "PSNR [95% CI]": fmt_interval(psnr, "psnr", False),
                 "dPSNR vs none, p": "-" if base else fmt_paired(opts.paired(row, variant, "psnr"), "psnr"),
@@ -437,9 +440,9 @@ def entry_row(claim: Claim, e: Entry) -> dict[str, str]:
         row["p raw"] = row["p Holm"] = "-"
     row["n prompts / videos"] = fmt_n(e.power.n, e.power.num_videos) if e.power is not None else "-"
     row["MDE 80%"] = mde_text(e.power, metric if metric != "delta_p_s_abs" else "delta_p_s")
-    if claim.key.startswith("2 "):
+    if claim.key.startswith("2 ") and metric in PAPER_COMPARABLE:
         row["vs the paper's effect"] = paper_text(e, metric)
-    row["verdict"] = e.verdict + (f" ({portable(e.reason)})" if e.reason else "")
+    row["verdict"] = (claim.fails if e.verdict == FAILS else e.verdict) + (f" ({portable(e.reason)})" if e.reason else "")
     return row
 
 
@@ -481,7 +484,7 @@ POWER_NOTE = ("The smallest effect each row detects with 80% power (MDE): paired
               "effect one cares about says the store is too small, not that the effect is absent.")
 
 
-def render(reports: list[ModelReport], results_dir: str | Path, correction: str) -> str:
+def render(reports: list[ModelReport], results_dir: str | Path, correction: str, bits: int = 2) -> str:
     lines = ["# The paper's claims on this store", "",
              (f"Generated by `python -m jensenkv.report.claims --results-dir {portable(str(results_dir))}` "
               "(`make reproduce-table1` regenerates it). Every number: a mean with its Student-t 95% interval over "
@@ -502,6 +505,7 @@ def render(reports: list[ModelReport], results_dir: str | Path, correction: str)
         lines += ["## Power: the smallest effect each row detects", "", POWER_NOTE, "",
                   _md_table(power_table(rep.claims)), ""]
         lines.append(render_diagnostics(rep.diagnostics))
+        lines.append(checks_section(rep.opts, results_dir, correction, bits))
         lines += ["## Every option side by side", "",
                   ("Rows: the store's quantizer options; variants: the corrections and attention-time options "
                    "(paired against 'none' of the same option; seeds pooled where noted; raw p-values, not "
@@ -512,7 +516,7 @@ def render(reports: list[ModelReport], results_dir: str | Path, correction: str)
 def write_claims(results_dir: str | Path = "results", out: str | Path | None = None, model: str | None = None,
                  correction: str = "taylor", bits: int = 2, reference_bits: int = 4) -> tuple[Path, list[ModelReport]]:
     reports = build_report(results_dir, model, correction, bits, reference_bits)
-    text = render(reports, results_dir, correction)
+    text = render(reports, results_dir, correction, bits)
     path = Path(out) if out is not None else Path(results_dir) / "claims.md"
     return atomic_write(path, lambda f: f.write(text), mode="w"), reports
 

@@ -43,10 +43,18 @@ PAPER_BITS = 2  # the paper's Table 1 is at INT2
 PAPER_DELTA_P_S = 0.15  # median dP_S uncorrected at INT2 on MAGI-1 ("about +0.15"; a secondary source, NOTES.md)
 
 
+METRIC_NAMES = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench"}
+# Metrics whose paper number a row's effect is tested against: the reference-based ones, defined the same way
+# here. Not VBench: the paper's dimensions are not public and a store scores the ones it has.
+PAPER_COMPARABLE = ("psnr", "ssim", "lpips")
+NOT_COMPARABLE = {"vbench": "not tested against the paper's VBench effect: the paper's VBench dimensions are not "
+                            "public, so its number measures something else"}
+
+
 def paper_effect(tags: frozenset[str], metric: str) -> tuple[str, float] | None:
     """(the paper quantizer's name, its corrected - uncorrected effect on ``metric``) for a row whose settings
-    are one of the paper's quantizers at INT2; None otherwise."""
-    if f"INT{PAPER_BITS}" not in tags:
+    are one of the paper's quantizers at INT2 and a metric in PAPER_COMPARABLE; None otherwise."""
+    if f"INT{PAPER_BITS}" not in tags or metric not in PAPER_COMPARABLE:
         return None
     for quantizer in PAPER_QUANTIZERS:
         if quantizer.matches(tags) and metric in PAPER_TABLE1[quantizer.name]:
@@ -92,6 +100,6 @@ ABOUT_ZERO = Margin(round(PAPER_DELTA_P_S / 10, 6),
 # Margin: half the gain the paper reports for the correction itself on integer RTN at INT2 (PAPER_TABLE1): a loss
 # smaller than half of what the correction is claimed to win is "matching".
 NON_INFERIORITY = {metric: Margin(round(abs(after - before) / 2, 6),
-                                  f"half the paper's own RTN INT2 correction gain on {metric.upper()} "
+                                  f"half the paper's own RTN INT2 correction gain on {METRIC_NAMES[metric]} "
                                   f"({before} -> {after} on MAGI-1)")
                    for metric, (before, after) in PAPER_TABLE1[PAPER_RTN.name].items()}
