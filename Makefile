@@ -40,6 +40,10 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn correction=taylor quant.rotation_seed=0 \
 		attention.calibration=results/calibration/tiny-rtn-int2-g32-taylor.json
 	$(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel
+	# model checks the claims read: teacher-forced fidelity (its own store, results/teacher_forced/) and the
+	# noise floor of harmless changes (results/noise_floor.csv)
+	$(PY) -m jensenkv.run -m experiment=teacher_forced hydra/launcher=local_parallel
+	$(PY) -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 "eval.seeds=[0]"
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 
