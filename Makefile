@@ -63,4 +63,5 @@ check-weights: setup ## which models, metrics and VBench dimensions are ready he
 	$(PY) -m jensenkv.doctor
 
 clean: ## remove run outputs (keeps committed tables and figures)
-	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard
+	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard \
+		results/teacher_forced
