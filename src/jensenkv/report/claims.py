@@ -269,7 +269,8 @@ def claim_fidelity(opts: Options, bits: int, correction: str) -> list[Claim]:
                       f"claimed {side} 0 ({'higher' if side == 'above' else 'lower'} is better), two-sided sign-flip "
                       + (f"test over prompts; a row with the settings of one of the paper's quantizers is also "
                          f"tested against the paper's own effect ({SOURCE}; Holm over those rows)"
-                         if metric in PAPER_COMPARABLE else f"test over prompts; {NOT_COMPARABLE[metric]}"),
+                         if metric in PAPER_COMPARABLE else
+                         f"test over prompts; not tested against the paper's {name} effect: {NOT_COMPARABLE[metric]}"),
                       [f"{name} uncorrected", f"{name} {correction}", f"d{name} [95% CI]"])
         if not rows:
             claim.missing.append(f"no uncorrected INT{bits} run in the store")
