@@ -388,8 +388,9 @@ def power_table(claims: list[Claim]) -> pd.DataFrame:
             row = rows.setdefault(e.option, {"option": e.option,
                                              "n prompts / videos": fmt_n(e.power.n, e.power.num_videos)})
             d = _digits(metric)
-            row[f"{NAMES[metric]}: d / SD / MDE"] = (f"{fmt_signed(e.power.delta, d, True)} / "
-                                                     f"{fmt_signed(e.power.sd, d, False)} / {mde_text(e.power, metric)}")
+            est = e.power
+            row[f"{NAMES[metric]}: d / SD / MDE"] = (f"{fmt_signed(est.delta, d, True)} / "
+                                                     f"{fmt_signed(est.sd, d, False)} / {mde_text(est, metric)}")
             if e.paper is not None:
                 row[f"paper {NAMES[metric]}"] = f"{e.paper[0]} {fmt_signed(e.paper[1], d, True)}"
     return pd.DataFrame(list(rows.values())).fillna("-")
@@ -443,7 +444,8 @@ def entry_row(claim: Claim, e: Entry) -> dict[str, str]:
     row["MDE 80%"] = mde_text(e.power, metric if metric != "delta_p_s_abs" else "delta_p_s")
     if claim.key.startswith("2 ") and metric in PAPER_COMPARABLE:
         row["vs the paper's effect"] = paper_text(e, metric)
-    row["verdict"] = (claim.fails if e.verdict == FAILS else e.verdict) + (f" ({portable(e.reason)})" if e.reason else "")
+    word = claim.fails if e.verdict == FAILS else e.verdict
+    row["verdict"] = word + (f" ({portable(e.reason)})" if e.reason else "")
     return row
 
 
