@@ -14,9 +14,10 @@ without code changes:
   differs from its usual value.
 
 One run per (row, replicate, variant), the latest; a cell lists its replicates in Table 1's order
-(``rows.by_replicate``), so both bootstrap the same videos in the same order. Paired differences pair a
+(``rows.by_replicate``), so both pool the same videos in the same order. Paired differences pair a
 corrected video with the uncorrected one of the same replicate, prompt and seed; a difference between rows
-(INT2 vs INT4) first averages each row's replicates per (prompt, seed) (``rows.per_prompt_seed``).
+(INT2 vs INT4) first averages each row's replicates per (prompt, seed) (``rows.per_prompt_seed``). Intervals and
+tests then run over prompts (``rows.cluster_means``, ``report.intervals``), as Table 1's do.
 """
 from __future__ import annotations
 
