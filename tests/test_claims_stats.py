@@ -329,3 +329,17 @@ def test_rendered_tables_keep_their_columns_and_say_reversed(known):
         block = []
     quarot = [line for line in text.splitlines() if line.startswith("| quarot+rtn INT2 g32")]
     assert any(re.search(r"\|\s*reversed\s*\|$", line) for line in quarot)  # a superiority claim's failure
+
+
+def test_about_zero_says_when_the_uncorrected_shift_already_was(tmp_path):
+    from jensenkv.report.claims import build_report
+
+    root = tmp_path / "results"
+    write_run(root, QuantConfig(method="none"), "none", lambda i, s, r: {}, PROMPTS, SEEDS)
+    write_run(root, RTN, "none", lambda i, s, r: _metrics(_base(i, s, r), 0.005, 0.008 + 0.001 * (i % 2)), PROMPTS,
+              SEEDS)
+    write_run(root, RTN, "taylor", lambda i, s, r: _metrics(_base(i, s, r), 0.001, 0.004 + 0.001 * (i % 2)), PROMPTS,
+              SEEDS)
+    (rep,) = build_report(root)
+    (entry,) = _claim(rep, "1b").entries
+    assert entry.verdict == HOLDS and entry.note == "uncorrected already within the margin: 0.0085"

@@ -104,7 +104,7 @@ def mean_interval(values, level: float = LEVEL, videos: int = -1) -> Interval:
     mean = float(x.mean())
     if x.size < 2:
         return Interval(mean, math.nan, math.nan, int(x.size), videos)
-    if np.ptp(x) == 0:  # every cluster equal: no spread to estimate, the interval is the point
+    if np.ptp(x) <= 1e-12 * max(1.0, abs(mean)):  # every cluster equal (to rounding): the interval is the point
         return Interval(mean, mean, mean, int(x.size), videos)
     ci = stats.ttest_1samp(x, 0.0).confidence_interval(confidence_level=level)
     return Interval(mean, float(ci.low), float(ci.high), int(x.size), videos)

@@ -101,6 +101,7 @@ class Entry:
     paper: tuple[str, float, SignFlip] | None = None  # (paper quantizer, its effect, the test against it)
     paper_adjusted: float = math.nan
     power: PairedDifference | None = None  # the estimate whose SD gives the power (cluster-level)
+    note: str = ""  # what qualifies the verdict (e.g. the uncorrected value already met the claim)
 
     @property
     def p(self) -> float:
@@ -245,12 +246,16 @@ def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
             b.entries.append(_missing(row, tags, f"no {correction} run of {row}"))
             continue
         fixed = opts.shift(row, correction, "delta_p_s_abs")
-        numbers = {b.columns[0]: fmt_interval(opts.interval(row, "none", "delta_p_s_abs"), "delta_p_s", False),
+        before = opts.interval(row, "none", "delta_p_s_abs")
+        numbers = {b.columns[0]: fmt_interval(before, "delta_p_s", False),
                    b.columns[1]: fmt_interval(est_interval(fixed), "delta_p_s", False),
                    b.columns[2]: fmt_paired(opts.paired(row, correction, "delta_p_s_abs"), "delta_p_s")}
-        b.entries.append(margin_entry(row, tags, numbers, fixed, opts.clusters(row, correction, "delta_p_s_abs"),
-                                      margin.value, "equivalence", "below",
-                                      opts.missing_reason(row, correction, "delta_p_s_abs"), "delta_p_s_abs"))
+        entry = margin_entry(row, tags, numbers, fixed, opts.clusters(row, correction, "delta_p_s_abs"),
+                             margin.value, "equivalence", "below",
+                             opts.missing_reason(row, correction, "delta_p_s_abs"), "delta_p_s_abs")
+        if before.n and before.mean < margin.value:  # nothing for the correction to bring down to the margin
+            entry.note = f"uncorrected already within the margin: {fmt_signed(before.mean, SHIFT_DIGITS, False)}"
+        b.entries.append(entry)
     return [a.finish(), b.finish()]
 
 
@@ -445,7 +450,7 @@ def entry_row(claim: Claim, e: Entry) -> dict[str, str]:
     if claim.key.startswith("2 ") and metric in PAPER_COMPARABLE:
         row["vs the paper's effect"] = paper_text(e, metric)
     word = claim.fails if e.verdict == FAILS else e.verdict
-    row["verdict"] = word + (f" ({portable(e.reason)})" if e.reason else "")
+    row["verdict"] = word + (f" ({portable(e.reason)})" if e.reason else "") + (f" ({e.note})" if e.note else "")
     return row
 
 
