@@ -223,8 +223,8 @@ CLUSTER = "prompt"  # the independent unit of every interval and test: videos of
 def cluster_means(values: pd.Series, prompt: str = CLUSTER, seed: str = "seed") -> pd.Series:
     """The one clustering rule of every table, claim, diagnostic and figure: per-video values (indexed by
     VIDEO_KEYS, or by (prompt, seed)) averaged over replicates within each (prompt, seed), then over seeds
-    within each prompt: one value per prompt (the cluster), the unit that intervals resample and sign flips
-    flip (jensenkv.eval.stats). Seeds and replicates are nested in their prompt, never counted as independent.
+    within each prompt: one value per prompt (the cluster), the unit every interval and sign flip runs over
+    (jensenkv.eval.stats). Seeds and replicates are nested in their prompt, never counted as independent.
     ``prompt`` / ``seed``: the index levels that name them (a probe table: "prompt_index"; its replicate level
     is the run id)."""
     if not len(values):
