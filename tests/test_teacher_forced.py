@@ -74,6 +74,10 @@ def test_a_run_records_teacher_forced_fidelity_per_chunk_and_video(tmp_path, tin
     assert video["metrics"]["tf_psnr"] == pytest.approx(row["psnr"]) and row["rel_err"] > 0
     assert video["metrics"]["tf_rel_err"] == pytest.approx(row["rel_err"])
     assert record["metrics"]["tf_latent_rel_err"] == pytest.approx(row["latent_rel_err"])
+    alone = run_overrides(fast_overrides(tmp_path, tiny_weights, "eval.metrics=[teacher_forced]", "correction=taylor",
+                                         "eval.save_videos=false"))  # nothing scores the run's own video
+    assert alone["per_prompt"][0]["reference_id"] is None and alone["per_prompt"][0]["video"] is None
+    assert alone["metrics"]["tf_rel_err"] == pytest.approx(record["metrics"]["tf_rel_err"])  # the same computation
     bf16 = run_overrides(fast_overrides(tmp_path, tiny_weights, "eval.metrics=[psnr,teacher_forced]", "quant=bf16"))
     assert "teacher_forced" in bf16["missing"]
     with pytest.raises(ValueError, match="generation.window_size=2 is not allowed for teacher-forced"):

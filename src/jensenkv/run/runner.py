@@ -19,6 +19,7 @@ from jensenkv.run.spec import RunSpec
 
 log = logging.getLogger("jensenkv.run")
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
+VIDEO_METRICS = {"psnr", "ssim", "lpips", "vbench", "attention", "content"}  # scored on the generated video
 
 
 class NonFiniteVideoError(ValueError):
@@ -278,8 +279,11 @@ class Runner:
         spec = self.spec
         jobs = [(prompt, seed) for _, prompt, seed in batch]
         try:
-            references = self.references(jobs)
-            generated = [(ref, None, {}, {}) for _, ref in references] if spec.is_reference else self.generate(jobs)
+            if VIDEO_METRICS & set(spec.eval.metrics) or spec.eval.save_videos:
+                references = self.references(jobs)
+                generated = [(ref, None, {}, {}) for _, ref in references] if spec.is_reference else self.generate(jobs)
+            else:  # teacher-forced fidelity alone regenerates what it compares: no video, no reference needed
+                references, generated = [(None, None)] * len(jobs), [(None, None, {}, {})] * len(jobs)
         except torch.cuda.OutOfMemoryError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise BatchMemoryError(f"generation.batch_size={spec.generation.batch_size}: a batch of {len(batch)} "
@@ -307,7 +311,7 @@ class Runner:
             for m in ("psnr", "ssim", "lpips", "attention"):
                 if m in spec.eval.metrics:
                     missing[m] = "BF16 run: it is its own reference"
-        else:
+        elif video is not None:
             x, y = video.float() / 255, ref.float() / 255  # (F, C, H, W) in [0, 1]
             if "psnr" in spec.eval.metrics:
                 psnr = video_psnr(x, y)
