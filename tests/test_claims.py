@@ -314,6 +314,7 @@ def test_per_layer_diagnostics_means_and_readings(store):
     assert layer0["residual"] == pytest.approx(-0.30 + 0.10 - 0.12)
     assert layer0["residual_low"] < layer0["residual"] < layer0["residual_high"]
     assert table.loc[("quarot+rtn INT2 g32", 0), "videos"] == 2 * len(PROMPTS) * len(SEEDS)  # two rotation seeds pooled
+    assert table.loc[("quarot+rtn INT2 g32", 0), "prompts"] == len(PROMPTS)  # ... nested in their prompts
     assert "first-order shift -0.3 dominates the Jensen term +0.1" in layer0["reading"]
     assert "over-corrects" in layer0["reading"]
     assert "0 within its 95% CI" in table.loc[("rtn INT2 g32", 1), "reading"]
