@@ -17,7 +17,7 @@ def test_noise_floor_rows_with_a_no_op_control(tmp_path, tiny_weights, monkeypat
     path = noise_floor.write_noise_floor([*overrides, "eval.num_prompts=2"])
     rows = pd.read_csv(path)
     assert path == tmp_path / "noise_floor.csv" and list(rows.columns) == list(noise_floor.COLUMNS)
-    assert len(rows) == 2 * 4 * 2  # bases x perturbations x videos
+    assert len(rows) == (3 * 4 + 1) * 2  # (bases x perturbations + QuaRot's rotation seed) x videos
     by = rows.set_index(["base", "perturbation"])
     assert by.loc[("bf16", "nothing"), "identical"].all()  # the control: no change, identical videos
     assert by.loc[("rtn INT2 g32 none", "nothing"), "d_psnr_vs_bf16"].eq(0).all()
@@ -27,3 +27,5 @@ def test_noise_floor_rows_with_a_no_op_control(tmp_path, tiny_weights, monkeypat
     assert moved[moved.map(math.isfinite)].between(10, 200).all()
     assert by.loc[("bf16", "2 threads"), "d_psnr_vs_bf16"].isna().all()  # the BF16 base is its own reference
     assert by.loc[("rtn INT2 g32 none", "float32 cache"), "d_psnr_vs_bf16"].map(math.isfinite).all()
+    rotated = by.loc[("quarot+rtn INT2 g32 none", "another rotation seed")]
+    assert not rotated["identical"].any() and rotated["d_psnr_vs_bf16"].ne(0).all()  # another rotation, another video

@@ -4,15 +4,18 @@
 
 Effects on PSNR against the BF16 video are only meaningful beside what harmless changes do to it. For two
 settings (``BASES``: the BF16 run itself, and the paper's setting RTN INT2 g32 uncorrected), each video is
-generated once as the run makes it and once per harmless perturbation (``PERTURBATIONS``):
+generated once as the run makes it and once per harmless perturbation (``PERTURBATIONS``, plus a base's own in
+``BASE_PERTURBATIONS``):
 
 - ``float32 cache``: the full-precision parts of the cache (the whole cache of the BF16 run) in float32 instead of
   bfloat16 (cache.full_precision_dtype);
 - ``2 threads``: torch on 2 threads instead of the run's 1 (reductions may be split differently);
-- ``in a batch``: generated inside a batch with the other videos instead of alone (generation.batch_size).
+- ``in a batch``: generated inside a batch with the other videos instead of alone (generation.batch_size);
+- ``another rotation seed`` (QuaRot only): an equally valid random rotation (quant.rotation_seed=1 instead of 0),
+  the same quantizer in distribution: how far PSNR moves from the quantizer's own randomness.
 
 Per (base, perturbation, prompt, seed) it writes the PSNR of the perturbed video against the unperturbed one
-(inf: identical) and, for the quantized base, the change of PSNR against the BF16 video that the perturbation
+(inf: identical) and, for the quantized bases, the change of PSNR against the BF16 video that the perturbation
 alone causes (``d_psnr_vs_bf16``): the floor an effect on PSNR must clear. Videos are compared as 8-bit frames,
 as the runs compare them. Runs nothing through the results store: no run id changes.
 """
@@ -27,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("jensenkv.noise_floor")
-BASES = {"bf16": ["quant=bf16"], "rtn INT2 g32 none": ["quant=rtn", "correction=none"]}
+BASES = {"bf16": ["quant=bf16"], "rtn INT2 g32 none": ["quant=rtn", "correction=none"],
+         "quarot+rtn INT2 g32 none": ["quant=quarot", "correction=none"]}  # rotation seed 0, the default
 PERTURBATIONS = {"float32 cache": ["cache.full_precision_dtype=float32"], "2 threads": ["threads=2"],
                  "in a batch": ["generation.batch_size=4"]}
+BASE_PERTURBATIONS = {"quarot+rtn INT2 g32 none": {"another rotation seed": ["quant.rotation_seed=1"]}}
 COLUMNS = ("base", "perturbation", "prompt", "seed", "psnr_vs_unperturbed", "identical", "psnr_vs_bf16",
            "d_psnr_vs_bf16")
 
@@ -80,7 +85,7 @@ def measure(overrides: Sequence[str] = ()) -> list[dict]:
     rows = []
     for base, base_overrides in BASES.items():
         plain = bf16 if base == "bf16" else videos(spec_of(*base_overrides))
-        for name, extra in PERTURBATIONS.items():
+        for name, extra in {**PERTURBATIONS, **BASE_PERTURBATIONS.get(base, {})}.items():
             log.info("noise floor: %s, %s", base, name)
             moved = videos(spec_of(*base_overrides, *extra), batch_of(extra))
             for (prompt, seed), x, y, ref in zip(jobs, moved, plain, bf16):
