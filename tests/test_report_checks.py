@@ -83,6 +83,7 @@ def test_teacher_forced_runs_are_tabulated_per_row_with_chunks(store, tmp_path):
     assert f"| {32 + mean_index:.2f} [" in rows["taylor"] and f"1: {31 + mean_index:.1f}, 2: {33 + mean_index:.1f}" \
         in rows["taylor"]
     assert f"| {30 + mean_index:.2f} [" in rows["none"] and "0.0100 [0.0100, 0.0100] (n=8)" in rows["none"]
+    assert "| +2.00 [+2.00, +2.00] (n=8) " in rows["taylor"]  # paired per prompt and seed against none
 
 
 def test_the_claims_report_carries_the_checks(store):

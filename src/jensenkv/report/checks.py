@@ -105,21 +105,27 @@ def effect_lines(opts: Options, results_dir: str | Path, correction: str, bits: 
 
 # --- teacher-forced fidelity ----------------------------------------------------------------------------
 def teacher_forced_table(results_dir: str | Path) -> pd.DataFrame:
-    """One row per (row, correction) of the teacher-forced store: tf PSNR and relative error over videos, and the
+    """One row per (row, correction) of the teacher-forced store: tf PSNR and relative error over videos, a
+    correction's paired tf PSNR difference against the uncorrected run of its row (same prompt and seed), and the
     mean PSNR per chunk."""
     root = Path(results_dir) / TEACHER_FORCED_DIR
     runs = load_results(root) if (root / "runs").is_dir() else pd.DataFrame()
     if runs.empty or "tf_rel_err" not in runs.columns:
         return pd.DataFrame()
-    store, out = ResultsStore(root), []
+    store, out, per_video = ResultsStore(root), [], {}
     for _, run in runs[runs["tf_rel_err"].notna()].sort_values(["quantizer", "bits", "correction"]).iterrows():
-        record = store.read_record(run["run_id"])
-        videos = record["per_prompt"]
+        videos = store.read_record(run["run_id"])["per_prompt"]
+        name = f"{run['quantizer']} INT{int(run['bits'])} g{int(run['group_size'])}"
+        psnr = {(v["prompt"], v["seed"]): v["metrics"].get("tf_psnr", math.nan) for v in videos}
+        per_video[(name, run["correction"])] = psnr
+        base = per_video.get((name, "none"))  # "none" sorts before the corrections
+        paired = [psnr[k] - base[k] for k in psnr if base is not None and k in base] \
+            if run["correction"] != "none" else []
         chunks = pd.DataFrame([c for v in videos for c in v.get("teacher_forced", [])])
         per_chunk = chunks.groupby("chunk")["psnr"].mean() if not chunks.empty else pd.Series(dtype=float)
-        out.append({"row": f"{run['quantizer']} INT{int(run['bits'])} g{int(run['group_size'])}",
-                    "correction": run["correction"],
-                    "tf PSNR [95% CI]": _ci([v["metrics"].get("tf_psnr", math.nan) for v in videos], signed=False),
+        out.append({"row": name, "correction": run["correction"],
+                    "tf PSNR [95% CI]": _ci(list(psnr.values()), signed=False),
+                    "d tf PSNR vs none [95% CI]": _ci(paired) if paired else "-",
                     "denoiser rel. error": _ci([v["metrics"].get("tf_rel_err", math.nan) for v in videos], 4, False),
                     "PSNR per chunk": ", ".join(f"{int(c)}: {p:.1f}" for c, p in per_chunk.items())})
     return pd.DataFrame(out)
