@@ -95,3 +95,5 @@ def test_the_claims_report_carries_the_checks(store):
                     "## What the calibrated strengths cost"):
         assert heading in text
     assert checks_section(load_options(store)[MODEL], store, "taylor", 2) in text
+    # dP_S's reference is the same call with the run's own cache in full precision, not the BF16 run
+    assert "P_S(same call, the run's own cache in full precision)" in text and "P_S(BF16)" not in text
