@@ -292,7 +292,7 @@ class Runner:
         forced = self.teacher_forced(jobs) if "teacher_forced" in spec.eval.metrics and not spec.is_reference \
             else [None] * len(jobs)
         for (index, prompt, seed), (ref_id, ref), made, tf in zip(batch, references, generated, forced):
-            self.score(index, prompt, seed, ref_id, ref, *made, teacher_forced=tf)
+            self.score(index, prompt, seed, ref_id, ref, *made, **({} if tf is None else {"teacher_forced": tf}))
 
     def score(self, index: int, prompt: str, seed: int, ref_id: str, ref: Any, video: Any,
               probes: list[dict] | None, timings: dict, stats: dict,
