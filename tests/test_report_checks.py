@@ -47,11 +47,13 @@ def test_the_floor_is_the_largest_mean_abs_change_of_psnr_on_the_quantized_base(
 def test_each_psnr_effect_is_read_against_the_floor(store):
     opts = load_options(store)[MODEL]
     lines = effect_lines(opts, store, "taylor", 2)
-    rtn = next(line for line in lines if "rtn INT2 g32" in line and "quarot" not in line)
+    rtn = next(line for line in lines if "rtn INT2 g32:" in line and "quarot" not in line)
+    assert "its own per-video noise floor 0.50 dB (rtn INT2 g32 none: float32 cache)" in rtn
     expected = opts.paired("rtn INT2 g32", "taylor", "psnr").delta  # +1 dB plus the cell's noise
     assert f"dtaylor {expected:+.2f} dB" in rtn and "above the floor" in rtn and abs(expected - 1) < 0.1
     qvg = next(line for line in lines if "qvg" in line)
     assert "within the floor" in qvg  # the alternating +-0.5 averages to 0
+    assert "the largest measured (none for this row)" in qvg  # no qvg base in the noise floor
 
 
 def test_the_calibrated_strengths_cost_is_stated_against_none_and_strength_one(store):

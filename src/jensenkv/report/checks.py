@@ -46,15 +46,17 @@ def load_noise_floor(results_dir: str | Path) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.is_file() else None
 
 
-def floor(frame: pd.DataFrame) -> tuple[float, str]:
-    """(largest mean per-video |dPSNR against BF16| over the harmless changes of the quantized bases, "base:
-    change")."""
+def floor(frame: pd.DataFrame, base: str | None = None) -> tuple[float, str]:
+    """(largest mean per-video |dPSNR against BF16| over the harmless changes of ``base`` (None: of every
+    quantized base), "base: change"); (nan, "") when none was measured."""
     part = frame[frame["d_psnr_vs_bf16"].notna()]
+    if base is not None:
+        part = part[part["base"] == base]
     if part.empty:
         return math.nan, ""
     means = part.groupby(["base", "perturbation"])["d_psnr_vs_bf16"].apply(lambda d: float(np.mean(np.abs(d))))
-    base, change = means.idxmax()
-    return float(means.max()), f"{base}: {change}"
+    which = means.idxmax()
+    return float(means.max()), f"{which[0]}: {which[1]}"
 
 
 def noise_floor_section(results_dir: str | Path) -> str:
@@ -70,9 +72,10 @@ def noise_floor_section(results_dir: str | Path) -> str:
     rows = []
     for (base, change), part in frame.groupby(["base", "perturbation"], sort=False):
         finite = part.loc[np.isfinite(part["psnr_vs_unperturbed"]), "psnr_vs_unperturbed"]
+        moved = _ci(finite, signed=False) if len(finite) else "- (every video identical)"
         rows.append({"base": base, "change": change, "videos": str(len(part)),
                      "identical": f"{int(part['identical'].sum())} of {len(part)}",
-                     "PSNR vs unperturbed (moved videos)": _ci(finite, signed=False),
+                     "PSNR vs unperturbed (moved videos)": moved,
                      "dPSNR vs BF16 [95% CI]": "-" if base == "bf16" else _ci(part["d_psnr_vs_bf16"]),
                      "mean abs(dPSNR vs BF16)": "-" if base == "bf16"
                      else f"{np.nanmean(np.abs(part['d_psnr_vs_bf16'])):.2f}"})
@@ -85,11 +88,11 @@ def noise_floor_section(results_dir: str | Path) -> str:
 
 
 def effect_lines(opts: Options, results_dir: str | Path, correction: str, bits: int) -> list[str]:
-    """One line per claim-2 PSNR row: the paired PSNR effect of ``correction`` against the noise floor."""
+    """One line per claim-2 PSNR row: the paired PSNR effect of ``correction`` against the noise floor of that
+    row's uncorrected setting where it was measured (base "<row> none"), else the largest measured floor."""
     frame = load_noise_floor(results_dir)
-    level = floor(frame)[0] if frame is not None else math.nan
-    if not math.isfinite(level):
-        return ["- effect vs noise floor: missing (no noise floor measured for the paper's setting)"]
+    if frame is None or not math.isfinite(floor(frame)[0]):
+        return ["- effect vs noise floor: missing (no noise floor measured on a quantized setting)"]
     out = []
     for row in opts.rows:
         if row == "bf16" or opts.first(row, "bits") != bits or not {"none", correction} <= set(opts.variants(row)):
@@ -97,9 +100,13 @@ def effect_lines(opts: Options, results_dir: str | Path, correction: str, bits: 
         diff = opts.paired(row, correction, "psnr")
         if diff.n == 0 or not math.isfinite(diff.delta):
             continue
+        level, which = floor(frame, f"{row} none")
+        whose = "its own"
+        if not math.isfinite(level):
+            (level, which), whose = floor(frame), "the largest measured (none for this row)"
         where = "above" if abs(diff.delta) > level else "within"
         out.append(f"- claim 2 (PSNR), {row}: d{correction} {diff.delta:+.2f} dB [{diff.low:+.2f}, {diff.high:+.2f}] "
-                   f"against a per-video noise floor of {level:.2f} dB: {where} the floor")
+                   f"against {whose} per-video noise floor {level:.2f} dB ({which}): {where} the floor")
     return out
 
 
