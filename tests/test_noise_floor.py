@@ -13,6 +13,8 @@ from pipeline_testkit import fast_overrides
 
 def test_noise_floor_rows_with_a_no_op_control(tmp_path, tiny_weights, monkeypatch):
     monkeypatch.setattr(noise_floor, "PERTURBATIONS", {**noise_floor.PERTURBATIONS, "nothing": []})
+    bases = ("bf16", "rtn INT2 g32 none", "quarot+rtn INT2 g32 none")  # the dither base works as QuaRot's does
+    monkeypatch.setattr(noise_floor, "BASES", {k: noise_floor.BASES[k] for k in bases})
     overrides = [o for o in fast_overrides(tmp_path, tiny_weights) if not o.startswith("eval.metrics")]
     path = noise_floor.write_noise_floor([*overrides, "eval.num_prompts=2"])
     rows = pd.read_csv(path)

@@ -30,6 +30,9 @@ def store(tmp_path_factory) -> Path:
              "d_psnr_vs_bf16": np.nan if base_ == "bf16" else (0.0 if change == "in a batch" else d * (-1) ** i)}
             for base_ in ("bf16", "rtn INT2 g32 none") for change, d in (("float32 cache", 0.5), ("2 threads", 0.2),
                                                                          ("in a batch", 0.0)) for i in range(videos)]
+    rows += [{"base": "quarot+rtn INT2 g32 none", "perturbation": "2 threads", "prompt": f"p{i}", "seed": 0,
+              "psnr_vs_unperturbed": np.inf, "identical": True, "psnr_vs_bf16": 27.0, "d_psnr_vs_bf16": 0.0}
+             for i in range(videos)]  # harmless changes leave QuaRot bit-identical: a floor of 0
     pd.DataFrame(rows).to_csv(root / "noise_floor.csv", index=False)
     return root
 
@@ -48,12 +51,13 @@ def test_each_psnr_effect_is_read_against_the_floor(store):
     opts = load_options(store)[MODEL]
     lines = effect_lines(opts, store, "taylor", 2)
     rtn = next(line for line in lines if "rtn INT2 g32:" in line and "quarot" not in line)
-    assert "its own per-video noise floor 0.50 dB (rtn INT2 g32 none: float32 cache)" in rtn
+    assert "against its per-video noise floor 0.50 dB (rtn INT2 g32 none: float32 cache)" in rtn
     expected = opts.paired("rtn INT2 g32", "taylor", "psnr").delta  # +1 dB plus the cell's noise
     assert f"dtaylor {expected:+.2f} dB" in rtn and "above the floor" in rtn and abs(expected - 1) < 0.1
     qvg = next(line for line in lines if "qvg" in line)
-    assert "within the floor" in qvg  # the alternating +-0.5 averages to 0
-    assert "the largest measured (none for this row)" in qvg  # no qvg base in the noise floor
+    assert "noise floor not measured for this setting" in qvg  # no qvg base in the noise floor
+    quarot = next(line for line in lines if "quarot" in line)
+    assert "bit-identical (floor 0)" in quarot
 
 
 def test_the_calibrated_strengths_cost_is_stated_against_none_and_strength_one(store):

@@ -101,12 +101,16 @@ def effect_lines(opts: Options, results_dir: str | Path, correction: str, bits: 
         if diff.n == 0 or not math.isfinite(diff.delta):
             continue
         level, which = floor(frame, f"{row} none")
-        whose = "its own"
+        effect = f"- claim 2 (PSNR), {row}: d{correction} {diff.delta:+.2f} dB [{diff.low:+.2f}, {diff.high:+.2f}]"
         if not math.isfinite(level):
-            (level, which), whose = floor(frame), "the largest measured (none for this row)"
-        where = "above" if abs(diff.delta) > level else "within"
-        out.append(f"- claim 2 (PSNR), {row}: d{correction} {diff.delta:+.2f} dB [{diff.low:+.2f}, {diff.high:+.2f}] "
-                   f"against {whose} per-video noise floor {level:.2f} dB ({which}): {where} the floor")
+            out.append(f"{effect}; noise floor not measured for this setting (its own randomness, if any, is not "
+                       "covered by the others')")
+        elif level == 0:
+            out.append(f"{effect}; every harmless change leaves this setting's videos bit-identical (floor 0): the "
+                       "effect is not from them (its interval is the test)")
+        else:
+            where = "above" if abs(diff.delta) > level else "within"
+            out.append(f"{effect} against its per-video noise floor {level:.2f} dB ({which}): {where} the floor")
     return out
 
 

@@ -2,8 +2,9 @@
 
     python -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=4 eval.seeds=[0]   # -> results/noise_floor.csv
 
-Effects on PSNR against the BF16 video are only meaningful beside what harmless changes do to it. For two
-settings (``BASES``: the BF16 run itself, and the paper's setting RTN INT2 g32 uncorrected), each video is
+Effects on PSNR against the BF16 video are only meaningful beside what harmless changes do to it. For the
+settings in ``BASES`` (the BF16 run itself, the paper's setting RTN INT2 g32, QuaRot and dither, uncorrected), each
+video is
 generated once as the run makes it and once per harmless perturbation (``PERTURBATIONS``, plus a base's own in
 ``BASE_PERTURBATIONS``):
 
@@ -11,8 +12,8 @@ generated once as the run makes it and once per harmless perturbation (``PERTURB
   bfloat16 (cache.full_precision_dtype);
 - ``2 threads``: torch on 2 threads instead of the run's 1 (reductions may be split differently);
 - ``in a batch``: generated inside a batch with the other videos instead of alone (generation.batch_size);
-- ``another rotation seed`` (QuaRot only): an equally valid random rotation (quant.rotation_seed=1 instead of 0),
-  the same quantizer in distribution: how far PSNR moves from the quantizer's own randomness.
+- ``another rotation seed`` (QuaRot) / ``another dither seed`` (dither): an equally valid draw of the quantizer's
+  own randomness (seed 1 instead of 0), the same quantizer in distribution.
 
 Per (base, perturbation, prompt, seed) it writes the PSNR of the perturbed video against the unperturbed one
 (inf: identical) and, for the quantized bases, the change of PSNR against the BF16 video that the perturbation
@@ -31,10 +32,12 @@ from typing import Any
 
 log = logging.getLogger("jensenkv.noise_floor")
 BASES = {"bf16": ["quant=bf16"], "rtn INT2 g32 none": ["quant=rtn", "correction=none"],
-         "quarot+rtn INT2 g32 none": ["quant=quarot", "correction=none"]}  # rotation seed 0, the default
+         "quarot+rtn INT2 g32 none": ["quant=quarot", "correction=none"],  # rotation seed 0, the default
+         "rtn+dither INT2 g32 none": ["quant=rtn_dither", "correction=none"]}  # dither seed 0, the default
 PERTURBATIONS = {"float32 cache": ["cache.full_precision_dtype=float32"], "2 threads": ["threads=2"],
                  "in a batch": ["generation.batch_size=4"]}
-BASE_PERTURBATIONS = {"quarot+rtn INT2 g32 none": {"another rotation seed": ["quant.rotation_seed=1"]}}
+BASE_PERTURBATIONS = {"quarot+rtn INT2 g32 none": {"another rotation seed": ["quant.rotation_seed=1"]},
+                      "rtn+dither INT2 g32 none": {"another dither seed": ["quant.dither_seed=1"]}}
 COLUMNS = ("base", "perturbation", "prompt", "seed", "psnr_vs_unperturbed", "identical", "psnr_vs_bf16",
            "d_psnr_vs_bf16")
 
