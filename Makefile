@@ -34,12 +34,16 @@ test-full: setup ## run every test, slow ones included
 reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
 	# beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
-	# and per-(layer, head) strengths fitted on eval=calibration's prompts (disjoint from Table 1's)
+	# and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
 	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn,rtn_dither correction=taylor2 quant.rotation_seed=0 hydra/launcher=local_parallel
 	$(PY) -m jensenkv.calibrate model=tiny quant=rtn correction=taylor --name tiny-rtn-int2-g32-taylor
 	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn correction=taylor quant.rotation_seed=0 \
 		attention.calibration=results/calibration/tiny-rtn-int2-g32-taylor.json
 	$(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel
+	# model checks the claims read: teacher-forced fidelity (its own store, results/teacher_forced/) and the
+	# noise floor of harmless changes (results/noise_floor.csv)
+	$(PY) -m jensenkv.run -m experiment=teacher_forced hydra/launcher=local_parallel
+	$(PY) -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 "eval.seeds=[0]"
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 
@@ -59,4 +63,5 @@ check-weights: setup ## which models, metrics and VBench dimensions are ready he
 	$(PY) -m jensenkv.doctor
 
 clean: ## remove run outputs (keeps committed tables and figures)
-	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard
+	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard \
+		results/teacher_forced

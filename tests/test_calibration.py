@@ -63,15 +63,61 @@ def test_fit_without_signal_keeps_strength_one_and_no_error() -> None:
         fit_strengths(np.zeros((2, 6)))
 
 
+def test_t_intervals_cover_with_few_clusters_where_1_96_does_not() -> None:
+    """8 videos whose per-video offsets dominate the noise: the cluster-robust SE is right, but 1.96 SE covers
+    the true strength only ~0.91 of the time; the t(7) interval (2.36 SE) covers ~0.95 (1,500 data sets: coverage
+    SE 0.006)."""
+    from jensenkv.calibrate import strength_interval, t_critical
+
+    assert t_critical(8) == pytest.approx(2.3646, abs=1e-4) and np.isnan(t_critical(1))
+    rng = np.random.default_rng(3)
+    videos, queries, hits_t, hits_z, total = 8, 50, 0, 0, 0
+    for _ in range(1500):
+        x = rng.uniform(0.05, 0.3, (videos, queries))  # (V, Q): <b>
+        y = 0.5 * x + 0.05 * rng.standard_normal((videos, 1)) + 0.01 * rng.standard_normal((videos, queries))
+        m = np.stack([np.full(videos, queries), x.sum(1), y.sum(1), (x * x).sum(1), (x * y).sum(1), (y * y).sum(1)],
+                     axis=-1)[None, None]  # (1, 1, V, 6)
+        fit = fit_strengths(m)
+        low, high = strength_interval(fit, np.array([[videos]]))
+        hits_t += int(low[0, 0] <= 0.5 <= high[0, 0])
+        hits_z += int(abs(fit.strengths[0, 0] - 0.5) <= 1.96 * fit.std_error[0, 0])
+        total += 1
+    assert 0.93 <= hits_t / total <= 0.97, hits_t / total
+    assert hits_z / total < 0.935, hits_z / total  # the normal interval is too short with 8 clusters
+
+
+def test_shrinking_strengths_by_their_standard_error() -> None:
+    """s' = target + w (s - target), w = d^2 / (d^2 + SE^2): a precise entry keeps its fit, a noisy one moves to
+    the target, one without SE is the target."""
+    from jensenkv.calibrate import shrink_strengths
+
+    s = np.array([[3.0, 3.0, 1.0, -2.0]])
+    se = np.array([[0.01, 2.0, 0.5, np.nan]])
+    out = shrink_strengths(s, se, 1.0)
+    assert out[0, 0] == pytest.approx(1 + 2 * 4 / (4 + 1e-4))
+    assert out[0, 1] == pytest.approx(1 + 2 * 4 / 8)  # SE = |d|: half way
+    assert out[0, 2] == 1.0 and out[0, 3] == 1.0
+    assert shrink_strengths(s, se, 0.0)[0, 1] == pytest.approx(3 * 9 / 13)
+    with pytest.raises(SystemExit) as exit_:  # refused before any video is generated
+        main(["--shrink", "nan", "correction=taylor", "model.device=cpu"])
+    assert exit_.value.code == 2
+
+
+def test_calibration_seeds_are_disjoint_from_every_evaluation_preset() -> None:
+    calibration = set(compose_config(["eval=calibration"]).eval.seeds)
+    for overrides in (["eval=default"], ["eval=natural"], ["experiment=table1"], ["experiment=tradeoff"]):
+        assert not calibration & set(compose_config(overrides).eval.seeds), overrides
+
+
 # --- the file a run reads --------------------------------------------------------------------------------
 def write_file(path: Path, spec, strengths=None, prompts=("a magenta square moving left on a dark background",),
-               **changes) -> Path:
+               seeds=(1000,), **changes) -> Path:
     """A calibration file fitted (by hand) for ``spec``'s model, quantizer and correction."""
     layers, heads = 4, 1  # the tiny model
     strengths = strengths if strengths is not None else [[0.5 - 0.25 * layer] for layer in range(layers)]
     content = {"format": CALIBRATION_FORMAT, "name": "test", "strengths": strengths,
                "num_samples": [[100] * heads] * layers, "std_error": [[0.1] * heads] * layers, "objective": "test",
-               "identity": calibration_identity(spec), "calibration": {"prompts": list(prompts), "seeds": [0]},
+               "identity": calibration_identity(spec), "calibration": {"prompts": list(prompts), "seeds": list(seeds)},
                **changes}
     path.write_text(json.dumps(content))
     return path
@@ -134,6 +180,13 @@ def test_runs_refuse_files_that_do_not_fit(tmp_path: Path, tiny_weights: Path) -
     # the first eval=default prompt (FAST evaluates one prompt), in other case and spacing
     tuned = write_file(tmp_path / "tuned.json", plain, prompts=["A red square  moving right on a gradient background"])
     assert "overlap the run's evaluation prompts" in refusal(tmp_path, tiny_weights, tuned)
+    # the run evaluates seed 0: a file fitted on seed 0 shares its noise draws
+    same_noise = write_file(tmp_path / "seed0.json", plain, seeds=(0, 1000))
+    assert "calibration seeds overlap the run's evaluation seeds [0]" in refusal(tmp_path, tiny_weights, same_noise)
+    unsaid = json.loads(write_file(tmp_path / "unsaid.json", plain).read_text())
+    del unsaid["calibration"]["seeds"]
+    (tmp_path / "unsaid.json").write_text(json.dumps(unsaid))
+    assert "does not list the integer seeds" in refusal(tmp_path, tiny_weights, tmp_path / "unsaid.json")
     for extra, what in (("quant.bits=4", "key.bits"), ("correction=exact", "correction"),
                         ("model.dtype=bfloat16", "model.dtype")):
         message = refusal(tmp_path, tiny_weights, write_file(tmp_path / "fitted.json", plain), extra)
@@ -170,6 +223,10 @@ def test_calibrate_then_run_end_to_end(tmp_path: Path, tiny_weights: Path, monke
     assert out == tmp_path / "calibration" / "tiny-rtn-int2-g32-taylor.json"
     content = json.loads(out.read_text())
     assert content["calibration"]["prompts"] == compose_config(["eval=calibration"]).eval.prompts[:2]
+    assert content["calibration"]["seeds"] == [1000] and content["shrinkage"] is None
+    assert content["interval"]["t_critical"][0][0] == pytest.approx(12.706, abs=1e-3)  # 2 videos: t(1)
+    assert content["interval"]["low"][0][0] < content["strengths"][0][0] < content["interval"]["high"][0][0]
+    assert content["fit"]["strengths"] == content["strengths"]
     assert len(content["strengths"]) == 4 and all(len(row) == 1 for row in content["strengths"])
     assert all(n > 0 for row in content["num_samples"] for n in row)
     assert all(se is not None and se >= 0 for row in content["std_error"] for se in row)  # two videos: clusters

@@ -13,44 +13,47 @@ import pytest
 
 from jensenkv.report.claims import build_report, main, render, write_claims
 from jensenkv.report.diagnostics import per_layer, plot_diagnostics, reading, uncorrected_diagnostics
-from jensenkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, summarize, verdict
+from jensenkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, decide, side_of, summarize
 from jensenkv.tracking import ResultsStore, atomic_write
 
-PROMPTS = ("a red square", "a blue circle", "a green square", "a white circle")
+# 8 prompts: the independent units of every test (the exact sign-flip floor is 2/2^8, below 0.05 after Holm)
+PROMPTS = ("a red square", "a blue circle", "a green square", "a white circle", "a red circle", "a blue square",
+           "a green circle", "a white square")
 SEEDS = (0, 1)
 MODEL = "synthetic-video-model"  # not the built-in model: nothing may depend on "tiny"
 INTERVAL = re.compile(r"[+-]?\d+\.\d+ \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]")
 
 
 # --- the verdict rule ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("low, high, claimed, expected", [
-    (0.1, 0.3, "above", HOLDS), (-0.3, -0.1, "above", FAILS), (-0.1, 0.2, "above", INCONCLUSIVE),
-    (-0.3, -0.1, "below", HOLDS), (0.1, 0.3, "below", FAILS), (-0.2, 0.1, "below", INCONCLUSIVE),
-    (0.0, 0.3, "above", INCONCLUSIVE), (-0.3, 0.0, "below", INCONCLUSIVE),  # touching the reference: not strict
-    (math.nan, 0.3, "above", MISSING), (0.1, math.nan, "below", MISSING),
+@pytest.mark.parametrize("side, p, expected", [
+    (HOLDS, 0.01, HOLDS), (FAILS, 0.01, FAILS), (HOLDS, 0.05, INCONCLUSIVE), (FAILS, 0.3, INCONCLUSIVE),
+    (HOLDS, math.nan, MISSING),
 ])
-def test_verdict_rule(low, high, claimed, expected):
-    assert verdict(low, high, claimed) == expected
+def test_verdict_rule(side, p, expected):
+    assert decide(side, p) == expected
 
 
-def test_verdict_against_a_reference_other_than_zero():
-    assert verdict(4.5, 5.0, "above", reference=4.38) == HOLDS
-    assert verdict(4.0, 4.3, "above", reference=4.38) == FAILS
+def test_side_of_a_reference():
+    assert side_of(4.5, "above", reference=4.38) == HOLDS and side_of(4.0, "above", reference=4.38) == FAILS
+    assert side_of(-0.1, "below") == HOLDS and side_of(0.0, "below") == FAILS  # strict
     with pytest.raises(ValueError, match="claimed='higher' is not allowed"):
-        verdict(0.1, 0.2, "higher")
-    with pytest.raises(ValueError, match="low must be <= high"):
-        verdict(0.3, 0.1)
+        side_of(0.1, "higher")
+    with pytest.raises(ValueError, match="side='maybe' is not allowed"):
+        decide("maybe", 0.01)
 
 
 def test_summary_over_options():
-    rtn, quarot, qvg = frozenset({"rtn", "g32"}), frozenset({"quarot", "rtn", "g32"}), frozenset({"qvg", "g32"})
-    assert summarize([("rtn", rtn, HOLDS), ("quarot+rtn", quarot, HOLDS)]) == HOLDS
-    assert summarize([("rtn", rtn, FAILS), ("quarot+rtn", quarot, HOLDS), ("qvg", qvg, INCONCLUSIVE)]) \
-        == "holds when quarot"
-    assert summarize([("rtn", rtn, HOLDS), ("quarot+rtn", quarot, FAILS)]) == "holds when one of: rtn"
-    assert summarize([("rtn", rtn, FAILS), ("qvg", qvg, FAILS)]) == FAILS
-    assert summarize([("rtn", rtn, FAILS), ("qvg", qvg, INCONCLUSIVE)]) == INCONCLUSIVE
-    assert summarize([("rtn", rtn, MISSING), ("qvg", qvg, HOLDS)]) == HOLDS  # missing options are listed, not voted
+    rtn, quarot, qvg = frozenset({"RTN", "g32"}), frozenset({"hadamard rotation", "RTN", "g32"}), frozenset({"QVG", "g32"})
+    assert summarize([("rtn", rtn, HOLDS), ("quarot+rtn", quarot, HOLDS)]) == "holds: holds in 2 of 2 (rtn, quarot+rtn)"
+    assert summarize([("rtn", rtn, FAILS), ("quarot+rtn", quarot, HOLDS), ("qvg", qvg, INCONCLUSIVE)]) == (
+        "mixed: holds in 1 of 3 (quarot+rtn), does not hold in 1 (rtn), inconclusive in 1")  # one row: no pattern
+    assert summarize([("rtn", rtn, FAILS), ("quarot+rtn", quarot, HOLDS), ("quarot-2", quarot, HOLDS)]) == (
+        "mixed: holds in 2 of 3 (quarot+rtn, quarot-2), does not hold in 1 (rtn); "
+        "only the rows with hadamard rotation hold")
+    assert summarize([("rtn", rtn, FAILS), ("qvg", qvg, FAILS)], "reversed") == "reversed: reversed in 2 of 2 (rtn, qvg)"
+    assert summarize([("rtn", rtn, FAILS), ("qvg", qvg, INCONCLUSIVE)], "reversed") == \
+        "reversed in part: reversed in 1 of 2 (rtn), inconclusive in 1"
+    assert summarize([("rtn", rtn, MISSING), ("qvg", qvg, HOLDS)]) == "holds: holds in 1 of 1 (qvg), missing for 1"
     assert summarize([("rtn", rtn, MISSING)]) == MISSING
     assert summarize([]) == MISSING
 
@@ -86,6 +89,7 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
             metrics["psnr"] = float(psnr[i])
         if dps is not None:
             metrics["delta_p_s_mean"] = float(dps[i])
+            metrics["delta_p_s_abs_mean"] = abs(float(dps[i])) + 0.001  # layers differ: the mean |dP_S| is larger
         videos.append({"prompt": prompt, "seed": seed, "index": i, "metrics": metrics})
     run_metrics = {"effective_bits": effective_bits} if effective_bits is not None else {}
     if psnr is not None:
@@ -98,10 +102,11 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
         for i, (p, seed) in enumerate((p, s) for p in range(len(PROMPTS)) for s in SEEDS):
             for layer, (first, jensen, b) in diagnostics.items():
                 for step in (0, 1, None):  # None: the commit pass, which the diagnostics leave out
-                    wobble = 0.01 if (i + layer) % 2 else -0.01  # averages to 0 over the videos
+                    wobble = 0.01 if (p + layer) % 2 else -0.01  # averages to 0 over the prompts, differs between them
                     rows.append({"prompt_index": p, "seed": seed, "layer": layer, "step": -1 if step is None else step,
                                  "chunk": 1, "branch": "cond", "p_s": 0.8, "p_s_ref": 0.79, "delta_p_s": 0.01,
-                                 "em_theta": -0.2, "em_var_ratio": 0.5, "em_first_order": first + wobble,
+                                 "em_slope": -0.2, "em_corr": -0.4, "em_mean_err": -0.05, "em_mean_err_small": -0.3,
+                                 "em_var_ratio": 0.5, "em_predicted_jensen": 0.8 * b, "em_first_order": first + wobble,
                                  "em_jensen": jensen, "em_log_zs_shift": first + wobble + jensen,
                                  "em_predicted_taylor": b if step is not None else 99.0, "em_n_eff": 10.0 + layer,
                                  "em_n_eff_fraction": 0.05})
@@ -172,9 +177,12 @@ def _verdicts(claim) -> dict[str, str]:
 def test_claim_1_per_quantizer(report):
     a, b = _claim(report, "1a"), _claim(report, "1b")
     assert _verdicts(a) == {"rtn INT2 g32": HOLDS, "quarot+rtn INT2 g32": FAILS, "qvg INT2 g64": HOLDS}
-    assert _verdicts(b)["rtn INT2 g32"] == HOLDS and _verdicts(b)["quarot+rtn INT2 g32"] == FAILS
-    assert _verdicts(b)["qvg INT2 g64"] == INCONCLUSIVE
-    assert b.summary == "holds when one of: rtn INT2 g32"
+    assert a.summary == ("mixed: holds in 2 of 3 (rtn INT2 g32, qvg INT2 g64), reversed in 1 (quarot+rtn INT2 g32); "
+                         "only the rows with no rotation hold")
+    # 1b is equivalence within the margin on the corrected mean |dP_S|: rtn (0.002) and qvg (~0.006) are within
+    # 0.015, quarot (0.031) is not
+    assert _verdicts(b) == {"rtn INT2 g32": HOLDS, "quarot+rtn INT2 g32": FAILS, "qvg INT2 g64": HOLDS}
+    assert b.summary.startswith("mixed: holds in 2 of 3 (rtn INT2 g32, qvg INT2 g64), does not hold in 1 (quarot")
     # g128 has only a corrected run: no uncorrected dP_S to test, so it is not a claim-1 option
     assert all("g128" not in e.option for e in a.entries)
 
@@ -183,16 +191,18 @@ def test_claim_2_paired_per_video(report):
     psnr = _claim(report, "2 (PSNR)")
     assert _verdicts(psnr) == {"rtn INT2 g32": HOLDS, "quarot+rtn INT2 g32": FAILS, "qvg INT2 g64": INCONCLUSIVE}
     rtn = next(e for e in psnr.entries if e.option == "rtn INT2 g32")
-    delta = float(rtn.numbers["dPSNR [95% CI], p"].split()[0])
+    delta = float(rtn.numbers["dPSNR [95% CI]"].split()[0])
     assert delta == pytest.approx(1.0 + _noise("p1", 0.1).mean(), abs=0.01)  # the paired mean, per video
-    assert rtn.numbers["n"] == "8"
+    assert (rtn.power.n, rtn.power.num_videos) == (len(PROMPTS), len(PROMPTS) * len(SEEDS))
+    assert rtn.primary and rtn.p_adjusted == rtn.p == 2 / 2 ** len(PROMPTS)  # exact floor, tested alone
 
 
 def test_rotation_seeds_are_pooled_and_paired_within_a_seed(report):
     quarot = next(e for e in _claim(report, "2 (PSNR)").entries if e.option == "quarot+rtn INT2 g32")
-    assert quarot.numbers["n"] == "16"  # 2 rotation seeds x 4 prompts x 2 seeds
+    assert quarot.power.num_videos == 2 * len(PROMPTS) * len(SEEDS)  # 2 rotation seeds x prompts x seeds ...
+    assert quarot.power.n == len(PROMPTS)  # ... nested in their prompts
     expected = np.mean([(-1.0 + _noise(f"qp{s}", 0.1)).mean() for s in (0, 1)])  # pairs never cross seeds
-    assert float(quarot.numbers["dPSNR [95% CI], p"].split()[0]) == pytest.approx(expected, abs=0.01)
+    assert float(quarot.numbers["dPSNR [95% CI]"].split()[0]) == pytest.approx(expected, abs=0.01)
     assert "2 seeds pooled" in " ".join(report.options["variant"])
 
 
@@ -200,7 +210,8 @@ def test_claim_3_against_int4(report):
     psnr = _claim(report, "3 (PSNR)")
     assert _verdicts(psnr) == {"rtn INT2 g32 + taylor vs rtn INT4 g64": FAILS,
                                "rtn INT2 g128 + taylor vs rtn INT4 g64": HOLDS}
-    assert psnr.summary == "holds when g128"
+    assert psnr.summary == ("mixed: holds in 1 of 2 (rtn INT2 g128 + taylor vs rtn INT4 g64), does not hold in 1 "
+                            "(rtn INT2 g32 + taylor vs rtn INT4 g64)")  # one row: no shared setting is claimed
     g128 = next(e for e in psnr.entries if "g128" in e.option)
     assert g128.numbers["effective bits"] == "2.19 vs 4.38 (-50%)"
     assert any(m.startswith("quarot+rtn: no uncorrected INT4 run") for m in psnr.missing)
@@ -221,7 +232,7 @@ def test_every_verdict_has_an_interval_and_missing_metrics_say_why(report, store
     for claim in report.claims:
         assert f"### Claim {claim.key}:" in text
     assert "LPIPS backbone weights not found (synthetic store)" in text
-    assert "**holds when g128**" in text and "Verdict rule." in text
+    assert "**mixed: holds in 1 of 2 (rtn INT2 g128 + taylor vs rtn INT4 g64)" in text and "Verdict rule." in text
 
 
 def test_options_side_by_side(report):
@@ -258,8 +269,8 @@ def test_claim_3_averages_rotation_seeds_per_video(tmp_path):
     _write_run(root, "rot-int4", "quarot+rtn", 4, 128, "none", psnr=base, rotation_seed=0, effective_bits=4.38)
     (rep,) = build_report(root)
     entry = next(e for e in _claim(rep, "3 (PSNR)").entries if e.option.startswith("quarot+rtn INT2 g128"))
-    assert entry.numbers["n"] == str(len(PROMPTS) * len(SEEDS))
-    assert float(entry.numbers["dPSNR [95% CI], p"].split()[0]) == pytest.approx(-1.5)  # mean of -1 and -2
+    assert (entry.power.n, entry.power.num_videos) == (len(PROMPTS), len(PROMPTS) * len(SEEDS))
+    assert float(entry.numbers["dPSNR [95% CI]"].split()[0]) == pytest.approx(-1.5)  # mean of -1 and -2
 
 
 # --- missing data ----------------------------------------------------------------------------------------
@@ -302,7 +313,8 @@ def test_per_layer_diagnostics_means_and_readings(store):
     assert layer0["first_order"] == pytest.approx(-0.30)
     assert layer0["residual"] == pytest.approx(-0.30 + 0.10 - 0.12)
     assert layer0["residual_low"] < layer0["residual"] < layer0["residual_high"]
-    assert table.loc[("quarot+rtn INT2 g32", 0), "videos"] == 16  # two rotation seeds pooled
+    assert table.loc[("quarot+rtn INT2 g32", 0), "videos"] == 2 * len(PROMPTS) * len(SEEDS)  # two rotation seeds pooled
+    assert table.loc[("quarot+rtn INT2 g32", 0), "prompts"] == len(PROMPTS)  # ... nested in their prompts
     assert "first-order shift -0.3 dominates the Jensen term +0.1" in layer0["reading"]
     assert "over-corrects" in layer0["reading"]
     assert "0 within its 95% CI" in table.loc[("rtn INT2 g32", 1), "reading"]
@@ -317,6 +329,26 @@ def test_per_layer_diagnostics_means_and_readings(store):
 def test_reading_rule(first, jensen, b, words):
     text = reading({"first_order": first, "jensen": jensen, "log_zs_shift": first + jensen, "predicted_taylor": b})
     assert words in text
+
+
+def test_the_jensen_term_is_read_against_sum_pi_one_minus_pi_b_and_the_overshoot_it_predicts():
+    """b = 0.30 against a Jensen term of 0.24: with sum pi(1-pi) b = 0.24 that is the model's own prediction
+    (1x), and the overshoot left (-0.06 = -sum pi^2 b) is what it predicts too."""
+    text = reading({"first_order": 0.0, "jensen": 0.24, "log_zs_shift": 0.24, "predicted_taylor": 0.30,
+                    "predicted_jensen": 0.24, "mean_err": -0.01, "mean_err_small": -0.4})
+    assert "(1x its prediction sum pi(1-pi) b = 0.24)" in text
+    assert "overshoots; the model predicts -0.06" in text
+    assert "mean error -0.01 steps (-0.4 on small channels)" in text
+
+
+def test_the_report_shows_the_jensen_prediction_and_the_mean_error(store):
+    from jensenkv.report.diagnostics import render_diagnostics
+
+    text = render_diagnostics(uncorrected_diagnostics(store, MODEL))
+    assert "Σπ(1-π)b" in text and "mean e/D (small ch.)" in text and "corr(k, e)" in text
+    assert "theta" not in text
+    layer0 = uncorrected_diagnostics(store, MODEL).table.set_index(["row", "layer"]).loc[("rtn INT2 g32", 0)]
+    assert layer0["predicted_jensen"] == pytest.approx(0.8 * 0.12) and layer0["mean_err_small"] == pytest.approx(-0.3)
 
 
 def test_per_layer_refuses_probes_without_diagnostics():
@@ -375,17 +407,3 @@ def test_notebook_draws_the_per_layer_story(store, monkeypatch):
 def test_notebook_on_a_fresh_clone_says_there_are_no_runs_yet(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in _execute(tmp_path / "results", monkeypatch))
     assert "no finished runs yet" in text and "python -m jensenkv.run -m experiment=" in text
-
-
-def test_a_verdict_the_paired_test_does_not_back_says_so():
-    from jensenkv.report.claims import Claim, _entry, render_claim
-
-    weak = _entry("rtn", frozenset({"rtn"}), {}, 0.05, 1.45, 8, "above", "", p_value=0.16)
-    assert weak.verdict == HOLDS and weak.note == "but p=0.16 >= 0.05: too few videos to be sure"
-    assert _entry("rtn", frozenset(), {}, 0.05, 1.45, 8, "above", "", p_value=0.01).note == ""
-    assert _entry("rtn", frozenset(), {}, -0.5, 1.45, 8, "above", "", p_value=0.6).note == ""  # inconclusive anyway
-    assert _entry("rtn", frozenset(), {}, 0.05, 1.45, 1, "above", "one video").verdict == MISSING
-    claim = Claim("2", "title", "statement", [], [weak, _entry("qvg", frozenset({"qvg"}), {}, -1, 1, 8, "above", "")])
-    assert claim.summary == "holds when rtn"
-    assert claim.headline == "holds when rtn (not backed by the paired test (p >= 0.05): rtn)"
-    assert "Caveat: not backed by the paired test" in render_claim(claim)

@@ -15,7 +15,7 @@ LAYERS = (
     ("foundation", ("jensenkv", "checks", "readiness", "calibration", "quant", "correction")),
     ("cache", ("cache",)),
     ("attention", ("attention",)),
-    ("generation", ("generation", "generate")),
+    ("generation", ("generation", "generate", "teacher_forced")),
     ("models", ("models",)),
     ("eval", ("eval",)),
     ("tracking", ("tracking",)),

@@ -45,11 +45,12 @@ def test_claims_and_table1_pool_a_non_rotation_seed_the_same_way(store):
     for treatment in ("none", "taylor"):
         iv = opts.interval(row, treatment, "psnr")
         cell = cells.loc[treatment]
-        assert iv.n == cell["num_videos"] == videos
+        assert iv.num_videos == cell["num_videos"] == videos  # the videos behind the cell ...
+        assert iv.n == cell["num_clusters"] == len(PROMPTS)  # ... and the independent units: its prompts
         assert (iv.mean, iv.low, iv.high) == pytest.approx((cell["psnr"], cell["psnr_ci95_low"],
                                                              cell["psnr_ci95_high"]))
     paired = opts.paired(row, "taylor", "psnr")  # pairs within a dither seed: +1, +1.5
-    assert paired.n == videos and paired.delta == pytest.approx(cells.loc["taylor", "delta_psnr"]) \
+    assert paired.n == len(PROMPTS) and paired.num_videos == videos and paired.delta == pytest.approx(cells.loc["taylor", "delta_psnr"]) \
         == pytest.approx(1.25)
     assert (paired.low, paired.high) == pytest.approx((cells.loc["taylor", "delta_psnr_ci95_low"],
                                                        cells.loc["taylor", "delta_psnr_ci95_high"]))

@@ -19,7 +19,16 @@ log Z_S(k_hat) by s * <b> to first order, so the strength that cancels the shift
 
 signed: negative when the first-order shift (e.g. RTN's integer zero point) lowers log Z_S more than the Jensen
 term raises it. Its standard error is cluster-robust with one cluster per video (queries of one video are not
-independent). Entries without signal (sum <b>^2 = 0) keep strength 1.
+independent); with few videos the 95% interval uses Student's t with (videos - 1) degrees of freedom (8 videos:
+t = 2.36, where 1.96 would cover only about 0.88). Entries without signal (sum <b>^2 = 0) keep strength 1.
+
+``--shrink TARGET`` writes strengths shrunk toward TARGET by their standard error (1: the correction as derived;
+0: no correction): s' = TARGET + w (s - TARGET) with w = d^2 / (d^2 + SE^2), d = s - TARGET, the posterior mean
+under a normal prior on s centred at TARGET whose variance is estimated by d^2; an entry without a standard error
+is set to TARGET. The fitted strengths stay in the file under ``fit``; the file's digest (so the run ids) differs.
+
+Calibration seeds must be disjoint from the evaluation seeds (eval=calibration uses seed 1000; a run refuses a file
+whose seeds overlap its own), as its prompts already are.
 
 The file (jensenkv.calibration, written atomically) goes to ``<paths.results_dir>/calibration/<name>.json``.
 """
@@ -48,6 +57,9 @@ OBJECTIVE = ("least squares per (layer, head): s = argmin_s sum (delta - s * <b>
              "both without bias; <b> = sum_i pi_hat_i b_i / sum_i pi_hat_i over cached keys, b the correction at "
              "strength 1, pi_hat the dequantized softmax")
 STD_ERROR = "cluster-robust (CR1) standard error of s, one cluster per calibration video; null with < 2 videos"
+INTERVAL = "95% interval s +- t(0.975, videos - 1) * std_error (Student's t: few clusters); null without std_error"
+SHRINKAGE = ("s' = target + w (s - target), w = d^2 / (d^2 + std_error^2), d = s - target; target where std_error "
+             "is null")
 # positions of the per-head sums in a probe's moment rows, looked up by key (the probe defines their order)
 COUNT, BIAS, SHIFT, BIAS_SQ, BIAS_SHIFT, SHIFT_SQ = (HEAD_MOMENT_KEYS.index(key) for key in (
     "hm_count", "hm_bias", "hm_shift", "hm_bias_sq", "hm_bias_shift", "hm_shift_sq"))
@@ -89,6 +101,31 @@ def fit_strengths(moments: np.ndarray) -> StrengthFit:
     return StrengthFit(strengths=s, num_samples=n, std_error=std_error,
                        mean_bias=np.where(n > 0, total[..., BIAS] / safe_n, np.nan),
                        mean_shift=np.where(n > 0, total[..., SHIFT] / safe_n, np.nan), residual_rms=rms)
+
+
+def t_critical(clusters: np.ndarray | int, level: float = 0.95) -> np.ndarray:
+    """Two-sided Student's t critical values for ``clusters`` clusters (df = clusters - 1; NaN below 2)."""
+    from scipy import stats
+
+    df = np.asarray(clusters, dtype=np.float64) - 1.0
+    with np.errstate(invalid="ignore"):
+        return np.where(df >= 1, stats.t.ppf(0.5 + level / 2, np.maximum(df, 1.0)), np.nan)
+
+
+def strength_interval(fit: StrengthFit, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) 95% bounds of each strength, (L, H): s +- t(videos - 1) SE; NaN where SE is."""
+    half = t_critical(clusters) * fit.std_error
+    return fit.strengths - half, fit.strengths + half
+
+
+def shrink_strengths(strengths: np.ndarray, std_error: np.ndarray, target: float) -> np.ndarray:
+    """Strengths shrunk toward ``target`` by their standard errors (module docstring); (L, H) -> (L, H)."""
+    d = np.asarray(strengths, dtype=np.float64) - target
+    se = np.asarray(std_error, dtype=np.float64)
+    known = np.isfinite(se)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(d == 0, 0.0, d * d / (d * d + np.where(known, se, 0.0) ** 2))
+    return np.where(known, target + w * d, target)
 
 
 def accumulate(moments: np.ndarray, probes: Sequence[dict], video: int) -> int:
@@ -144,8 +181,10 @@ def calibration_spec(spec: Any) -> Any:
     return spec
 
 
-def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None) -> Path:
-    """Generate the calibration videos of ``spec`` (a resolved RunSpec), fit the strengths and write the file."""
+def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
+              shrink: float | None = None) -> Path:
+    """Generate the calibration videos of ``spec`` (a resolved RunSpec), fit the strengths and write the file
+    (``shrink``: a target to shrink them toward by their standard errors; None: as fitted)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -158,7 +197,11 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
     from jensenkv.tracking import atomic_write_json
 
     spec = calibration_spec(spec)
-    name = name or default_name(spec)
+    if shrink is not None and (isinstance(shrink, bool) or not isinstance(shrink, (int, float))
+                               or not math.isfinite(shrink)):
+        raise ValueError(f"--shrink={shrink!r} is not allowed: it must be a finite strength to shrink toward "
+                         "(1: the correction as derived, 0: none)")
+    name = name or default_name(spec) + ("" if shrink is None else f"-shrunk{shrink:g}")
     path = Path(out) if out is not None else spec.results_dir / "calibration" / f"{name}.json"
     if spec.geometry is None:
         raise ValueError(f"model {spec.model.name!r}: its layer and head counts cannot be read from its config files")
@@ -184,6 +227,9 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
         raise ValueError("the calibration videos recorded no probe with cached quantized keys (one chunk, or "
                          "attention.probe_steps outside the schedule): nothing to fit; use generation.num_chunks >= 2")
     fit = fit_strengths(moments)
+    clusters = (moments[..., COUNT] > 0).sum(axis=2)  # (L, H) videos behind each entry
+    low, high = strength_interval(fit, clusters)
+    strengths = fit.strengths if shrink is None else shrink_strengths(fit.strengths, fit.std_error, float(shrink))
 
     def table(values: np.ndarray) -> list[list[float | None]]:
         return [[float(v) if math.isfinite(v) else None for v in row] for row in values]
@@ -191,11 +237,15 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None)
     content = {
         "format": CALIBRATION_FORMAT,
         "name": name,
-        "strengths": table(fit.strengths),
+        "strengths": table(strengths),
         "num_samples": [[int(v) for v in row] for row in fit.num_samples],
         "std_error": table(fit.std_error),
-        "fit": {"mean_bias": table(fit.mean_bias), "mean_shift": table(fit.mean_shift),
-                "residual_rms": table(fit.residual_rms), "probe_records": records},
+        "interval": {"low": table(low), "high": table(high), "t_critical": table(t_critical(clusters)),
+                     "clusters": [[int(v) for v in row] for row in clusters], "method": INTERVAL},
+        "fit": {"strengths": table(fit.strengths), "mean_bias": table(fit.mean_bias),
+                "mean_shift": table(fit.mean_shift), "residual_rms": table(fit.residual_rms),
+                "probe_records": records},
+        "shrinkage": None if shrink is None else {"target": float(shrink), "method": SHRINKAGE},
         "objective": OBJECTIVE,
         "std_error_method": STD_ERROR,
         "identity": calibration_identity(spec),
@@ -223,13 +273,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", help="file name (default: <model>-<quantizer>-int<bits>-g<group>-<correction>)")
     parser.add_argument("--out", help="output path (default: <paths.results_dir>/calibration/<name>.json)")
+    parser.add_argument("--shrink", type=float, default=None, metavar="TARGET",
+                        help="shrink the strengths toward TARGET by their standard errors (1: the derived "
+                             "correction, 0: none); default: as fitted")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m jensenkv.run")
     args = parser.parse_args(list(argv))
     return args, list(args.overrides)
 
 
 def calibrate_overrides(overrides: Sequence[str] = (), out: str | Path | None = None,
-                        name: str | None = None) -> Path:
+                        name: str | None = None, shrink: float | None = None) -> Path:
     """Compose ``overrides`` as ``python -m jensenkv.calibrate`` does (eval=calibration by default) and calibrate."""
     from jensenkv.run import compose_config
     from jensenkv.run.spec import build_spec
@@ -237,7 +290,7 @@ def calibrate_overrides(overrides: Sequence[str] = (), out: str | Path | None = 
     overrides = list(overrides)
     if not any(o.split("=", 1)[0].lstrip("+~") == "eval" for o in overrides):
         overrides.insert(0, "eval=calibration")  # calibration prompts unless told otherwise
-    return calibrate(build_spec(compose_config(overrides)), out=out, name=name)
+    return calibrate(build_spec(compose_config(overrides)), out=out, name=name, shrink=shrink)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -251,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         check_group_overrides(overrides)
-        path = calibrate_overrides(overrides, out=args.out, name=args.name)
+        path = calibrate_overrides(overrides, out=args.out, name=args.name, shrink=args.shrink)
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         sys.exit(2)

@@ -10,11 +10,15 @@ A run names one with ``attention.calibration=<path>``; its effective strength fo
     objective     how the strengths were fitted
     identity      model / weights / key quantizer / correction the strengths belong to (``calibration_identity``)
     calibration   prompts, seeds, probe steps and the sampler they were fitted on
+    interval      95% bounds per entry with Student's t critical values (few clusters: one per video)
+    fit           the fitted strengths and statistics (``strengths`` differ from them when shrinkage is set)
+    shrinkage     null, or the target the strengths were shrunk toward by their standard errors
     model, quantizer, correction, jensenkv_version, git_commit, created_at
 
 A run refuses a file (``check_calibration``, before any model is loaded) that is missing or corrupt, whose
-layer/head counts differ from the model's, whose prompts overlap the run's evaluation prompts (no tuning on
-what is evaluated), or whose identity differs from the run's. The run's id includes the file's content digest.
+layer/head counts differ from the model's, whose prompts or seeds overlap the run's evaluation prompts or seeds
+(no tuning on what is evaluated: a seed shared with the evaluation shares its noise), or whose identity differs
+from the run's. The run's id includes the file's content digest.
 """
 from __future__ import annotations
 
@@ -132,7 +136,7 @@ def _differences(expected: dict, found: dict, prefix: str = "") -> list[str]:
 def check_calibration(run: Any, shape: tuple[int, int] | None) -> Calibration:
     """Load the run's calibration file and refuse it (ValueError naming attention.calibration, the path and
     why) when it does not fit the run (a resolved RunSpec): the model's (layers, heads) ``shape`` (None:
-    unknown), prompt overlap with the evaluation prompts, identity."""
+    unknown), prompt or seed overlap with the evaluation prompts and seeds, identity."""
     path = run.attention.calibration
     cal = load_calibration(path)
     if shape is not None and shape != (cal.layers, cal.heads):
@@ -143,6 +147,15 @@ def check_calibration(run: Any, shape: tuple[int, int] | None) -> Calibration:
         fail_calibration(path, f"its calibration prompts overlap the run's evaluation prompts {overlap}: strengths "
                                "must be fitted on prompts disjoint from the ones they are judged on (calibrate on "
                                "eval=calibration)")
+    seeds = cal.content["calibration"].get("seeds")
+    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        fail_calibration(path, "it does not list the integer seeds it was fitted on (calibration.seeds): refit it "
+                               "with `python -m jensenkv.calibrate`")
+    shared = sorted(set(seeds) & {int(x) for x in run.eval.seeds})
+    if shared:
+        fail_calibration(path, f"its calibration seeds overlap the run's evaluation seeds {shared}: strengths must "
+                               "be fitted on seeds disjoint from the ones they are judged on (eval=calibration uses "
+                               "seed 1000)")
     differ = _differences(calibration_identity(run), cal.identity)
     if differ:
         fail_calibration(path, "it was fitted for another model, quantizer or correction: " + "; ".join(differ[:4])

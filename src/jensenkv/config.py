@@ -37,6 +37,7 @@ from jensenkv.generation import GenerationConfig, MagiScheduleConfig  # noqa: F4
 from jensenkv.models.config import ModelConfig
 from jensenkv.models.registry import family
 from jensenkv.quant.config import QuantConfig
+from jensenkv.teacher_forced import check_teacher_forced
 from jensenkv.tracking import LoggerConfig
 
 
@@ -69,6 +70,8 @@ class RunConfig:
         own.check_generation(self.generation)
         own.check_batch(self.generation)
         own.check_backend(self.attention.backend)
+        if "teacher_forced" in self.eval.metrics:
+            check_teacher_forced(self.generation)
         self.key, self.value = self.cache.key_value(self.quant)  # the checks that need the head dim: resolve
         if self.is_reference:  # nothing quantized: nothing to correct
             self.attention = dataclasses.replace(self.attention, correction="none", strength=1.0, second_order=False)

@@ -205,7 +205,7 @@ def test_probes_recorded_per_layer_and_step(make_adapter, int2_cache):
             adapter.denoise(noisy[c], 0.8 - 0.3 * step, c, "cond", step=step)
         adapter.commit(clean[c], c, "cond")
     assert [(p["layer"], p["step"]) for p in adapter.probes()] == [(0, 1)]
-    assert "em_theta" not in adapter.probes()[0]
+    assert "em_slope" not in adapter.probes()[0]
     adapter.configure(attention=AttentionSettings(probes=True, diagnostics=True))
     for c in range(2):
         adapter.denoise(noisy[c], 0.8, c, "cond", step=0)

@@ -33,8 +33,9 @@ class AttentionConfig:
     probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
         eval.metrics has "attention" (null: all). Real models' presets set evenly spaced subsets
         (jensenkv.attention.probes.evenly_spaced): every layer x step x chunk x branch is ~7,200 calls per video.
-    diagnostics: each probe also records theta, Var(e)/(D^2/12), the first-order / Jensen split of the cached
-        partition's shift and n_eff (keys em_*): why the correction helps or over-corrects, per layer and step.
+    diagnostics: each probe also records the mean error in steps, slope and corr(k, e), Var(e)/(D^2/12), the
+        first-order / Jensen split of the cached partition's shift with the Jensen term's prediction, and n_eff
+        (keys em_*): why the correction helps or over-corrects, per layer and step.
     head_moments: each probe also records per-head sums of the realized cached log-partition shift and of the
         correction's softmax-weighted bias (keys hm_*, lists of H; jensenkv.attention.diagnostics.head_shift_moments):
         what ``python -m jensenkv.calibrate`` fits per-(layer, head) strengths from.

@@ -2,18 +2,30 @@
 
 The correction assumes e = k_hat - k ~ U(-D/2, D/2) per element, independent of k. Then the cached score
 error delta = scale * q . e has mean 0 and only its second-order (Jensen) term inflates the cached partition
-sum Z_S, by b in expectation. These numbers say, per call, which of that holds:
+sum Z_S. These numbers say, per call, which of that holds:
 
-- theta = Cov(k, e) / Var(e): 0 under the model; RTN with an integer zero makes it negative (small channels of
-  an outlier group round to 0, so e = -k there).
+- mean_err = mean(e / D), in steps: 0 under the model. A constant offset or a grid that rounds one way shows
+  here (the centred statistics below cannot see it). Per channel group: mean_err_small over channels whose
+  magnitude is below one step (RMS over tokens of k < its mean step: the small channels of a group whose range
+  an outlier sets, where rounding is nearly deterministic), mean_err_large over the others, small_fraction the share
+  of small channels; mean_err_abs = mean over channels of |mean over tokens of e / D| (offsets of opposite sign
+  in different channels do not cancel).
+- slope = Cov(k, e) / Var(k) (per channel centred, pooled): the error's regression on the key, 0 under the
+  model; its scale is a gain: a grid that shrinks k by 20% gives -0.2, rounding a channel to 0 gives -1.
+  (It replaces theta = Cov(k, e) / Var(e), whose scale depends on how small the error is: a 20% shrink
+  gives about -2.8 or -5.) corr = Cov(k, e) / sqrt(Var(k) Var(e)), in [-1, 1], the same sign.
 - var_ratio = Var(e) / mean(D^2 / 12): 1 under the model (dithered grids: exactly 1).
 - log_zs_shift = log Z_S(k_hat) - log Z_S(k), split into first_order = sum_j pi_j delta_j (zero under the
   model) and jensen = the rest (the convexity term the correction targets), with pi the reference softmax
-  over cached keys; predicted_taylor = sum_j pi_j b_j is what subtracting b removes to first order.
+  over cached keys. predicted_taylor = sum_j pi_j b_j is what subtracting b removes to first order;
+  predicted_jensen = sum_j pi_j (1 - pi_j) b_j is what the model predicts for the Jensen term itself: to second
+  order, jensen = sum pi delta^2 / 2 - (sum pi delta)^2 / 2, and with independent zero-mean delta_j of variance
+  2 b_j its expectation is sum pi b - sum pi^2 b. So b exceeding the Jensen term by sum pi^2 b is the model's
+  own prediction, not evidence against it.
 - n_eff = 1 / sum_j pi_j^2: how many cached keys a query really attends to (small: peaky attention, where
   correcting Z_S in expectation overshoots P_S).
 
-Averages are over batch, heads and queries (theta and var_ratio pool every element). Computed in float64:
+Averages are over batch, heads and queries (the element statistics pool every element). Computed in float64:
 a probe, not a hot path.
 """
 from __future__ import annotations
@@ -39,11 +51,7 @@ def error_model_diagnostics(q: torch.Tensor, k_ref: torch.Tensor, k_hat: torch.T
     rot = steps.rotation
     k_b, e_b = (k_ref, err) if rot is None else (rot.apply(k_ref), rot.apply(err))
     step = expand_group_steps(GroupSteps(steps.step.double(), rot), d)  # (B, H, K, D)
-    e_c = e_b - e_b.mean(dim=2, keepdim=True)  # centred over tokens, per (batch, head, channel)
-    k_c = k_b - k_b.mean(dim=2, keepdim=True)
-    var_e = e_c.square().sum()
-    theta = float((k_c * e_c).sum() / var_e) if var_e > 0 else float("nan")
-    var_ratio = float(e_c.square().mean() / (step.square().mean() / 12))
+    element = element_statistics(k_b, e_b, step)
 
     # score-level decomposition of the cached partition's shift
     s = scale * q @ k_ref.transpose(-1, -2)  # (B, H, Q, K)
@@ -53,16 +61,45 @@ def error_model_diagnostics(q: torch.Tensor, k_ref: torch.Tensor, k_hat: torch.T
     first_order = (pi * delta).sum(-1)
     b = group_bias(q, GroupSteps(steps.step.double(), rot), "taylor", scale)  # (B, H, Q, K)
     predicted = (pi * b).sum(-1)
+    predicted_jensen = (pi * (1 - pi) * b).sum(-1)  # E[jensen] under the model (module docstring)
     n_eff = 1.0 / pi.square().sum(-1)
     return {
-        "theta": theta,
-        "var_ratio": var_ratio,
+        **element,
         "log_zs_shift": float(log_zs_shift.mean()),
         "first_order": float(first_order.mean()),
         "jensen": float((log_zs_shift - first_order).mean()),
         "predicted_taylor": float(predicted.mean()),
+        "predicted_jensen": float(predicted_jensen.mean()),
         "n_eff": float(n_eff.mean()),
         "n_eff_fraction": float(n_eff.mean() / s.shape[-1]),
+    }
+
+
+def element_statistics(k: torch.Tensor, e: torch.Tensor, step: torch.Tensor) -> dict[str, float]:
+    """The element-level keys of ``error_model_diagnostics`` (mean_err*, small_fraction, slope, corr,
+    var_ratio) from keys k, errors e and their steps, all (B, H, K, D) in the basis the steps live in."""
+    nan = float("nan")
+    rel = e / step.clamp_min(torch.finfo(step.dtype).tiny)  # (B, H, K, D): error in steps
+    channel_mean = rel.mean(dim=2)  # (B, H, D): per channel, over tokens
+    e_c = e - e.mean(dim=2, keepdim=True)  # centred over tokens, per (batch, head, channel)
+    k_c = k - k.mean(dim=2, keepdim=True)
+    # small channels: magnitude below one step (an outlier set the group's range), so rounding is nearly
+    # deterministic there: the grid, not the key, decides their error
+    small = k.square().mean(dim=2).sqrt() < step.mean(dim=2)  # (B, H, D)
+
+    def mean_over(mask: torch.Tensor) -> float:
+        return float(channel_mean[mask].mean()) if bool(mask.any()) else nan
+
+    var_e, var_k, cov = e_c.square().sum(), k_c.square().sum(), (k_c * e_c).sum()
+    return {
+        "mean_err": float(rel.mean()),
+        "mean_err_small": mean_over(small),
+        "mean_err_large": mean_over(~small),
+        "mean_err_abs": float(channel_mean.abs().mean()),
+        "small_fraction": float(small.double().mean()),
+        "slope": float(cov / var_k) if var_k > 0 else nan,
+        "corr": float(cov / (var_k * var_e).sqrt()) if var_k > 0 and var_e > 0 else nan,
+        "var_ratio": float(e_c.square().mean() / (step.square().mean() / 12)),
     }
 
 

@@ -191,11 +191,12 @@ def _jensen_shannon_finite(p: torch.Tensor, r: torch.Tensor, log_p: torch.Tensor
                            log_r: torch.Tensor) -> torch.Tensor:
     """``jensen_shannon_log`` for finite log-probabilities (finite scores), given their exponentials too.
 
-    With d = log r - log p and s = softplus(d) = log(1 + r/p): log p - log m = log 2 - s and
-    log r - log m = log 2 - s + d, so 2 JSD = sum (p + r)(log 2 - s) + r d: one transcendental per element.
+    With d = log r - log p and s = log(1 + r/p) = log(p + r) - log p: log p - log m = log 2 - s and
+    log r - log m = log 2 - s + d, so 2 JSD = sum (p + r)(log 2 - s) + r d: one log per element (softplus(d)
+    would cost an exp and a log1p). Where p + r underflows to 0 both terms vanish; the clamp keeps the log finite.
     """
     d = log_r - log_p  # (..., K)
-    s = torch.nn.functional.softplus(d)
+    s = torch.log((p + r).clamp_min_(torch.finfo(p.dtype).tiny)).sub_(log_p)
     return (0.5 * ((p + r) * (_LOG2 - s) + r * d).sum(-1)).clamp(0.0, _LOG2)
 
 

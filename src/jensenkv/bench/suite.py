@@ -25,7 +25,8 @@ from jensenkv.bench.timing import paired_ratio, time_interleaved
 from jensenkv.tracking import atomic_write
 
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
-              "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput")
+              "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput",
+              "probe_overhead")
 COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats")
 GPU_BENCHMARK = "gpu_kernel"  # its own file, results/bench_gpu.csv, only where CUDA is visible (bench.gpu)
 INT2 = {"bits": 2, "group_size": 32}
@@ -337,10 +338,52 @@ def batch_throughput_rows(plan: Plan) -> list[dict]:
     return rows
 
 
+def probe_overhead_rows(plan: Plan) -> list[dict]:
+    """Generation time of the built-in model (INT2 g=32 + taylor, 1 thread) with attention probes on every layer
+    and every denoising step (dP_S per layer and step, as the paper reports its median), without and with the
+    error-model diagnostics, over the same run without probes (whose cache keeps no full-precision copy)."""
+    import dataclasses
+
+    from jensenkv.bench.subjects import PROMPT, tiny_adapter
+    from jensenkv.generate import generate_video
+
+    cache = preset("rtn", 128, **INT2)
+    plain, generation = tiny_adapter(cache, "taylor", quick=plan.quick)
+    variants = {"none": plain}
+    for name, diagnostics in (("probes", False), ("probes+diagnostics", True)):
+        adapter, _ = tiny_adapter(dataclasses.replace(cache, keep_reference=True), "taylor", quick=plan.quick)
+        adapter.configure(attention=dataclasses.replace(adapter.processors[0].attention, probes=True,
+                                                         diagnostics=diagnostics,
+                                                         probe_layers=None, probe_steps=None))
+        variants[name] = adapter
+
+    def run(adapter):
+        def call() -> None:
+            with torch.inference_mode():
+                generate_video(adapter, PROMPT, 0, generation)
+        return call
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wall, cpu = time_interleaved({name: run(a) for name, a in variants.items()}, plan.e2e_repeats, 1)
+    finally:
+        torch.set_num_threads(threads)
+    rows = []
+    for name, what in (("probes", "probes on every layer and step"),
+                       ("probes+diagnostics", "probes + error-model diagnostics on every layer and step")):
+        for samples, unit in ((cpu, "ratio"), (wall, "ratio (wall)")):
+            median, iqr = paired_ratio(samples[name], samples["none"])
+            rows.append(row("probe_overhead", f"built-in model, {what} / no probes (1 thread)", median, unit, iqr,
+                            plan.e2e_repeats))
+    _log(f"probe overhead: {rows[0]['value']:.3f} (probes), {rows[2]['value']:.3f} (with diagnostics), CPU time")
+    return rows
+
+
 RUNNERS = {"cache_bytes_ratio": cache_bytes_rows, "held_memory_ratio": held_memory_rows,
            "generation_peak_memory_saving": generation_rows, "correction_overhead_ratio": correction_overhead_rows,
            "correction_overhead_floor": correction_overhead_floor_rows, "e2e_time_ratio": e2e_rows,
-           "batch_throughput": batch_throughput_rows}
+           "batch_throughput": batch_throughput_rows, "probe_overhead": probe_overhead_rows}
 # (benchmark, config prefix, comparison, bound or target row, description)
 TARGETS = (
     ("held_memory_ratio", "RSS growth / stored", "<=", "target", "RSS growth of the cache / stored bytes"),
@@ -354,6 +397,8 @@ TARGETS = (
     ("batch_throughput", "over batch 1", ">=", 3.0, "videos/s per core, a batch over batch 1"),
     ("batch_throughput", "over batch 1, a forward per branch", ">=", 3.0,
      "videos/s per core, a batch over the unbatched generator (a forward per CFG branch)"),
+    ("probe_overhead", "built-in model, probes on every layer and step /", "<=", 1.5,
+     "dP_S probes on every layer and step, built-in model"),
 )
 
 

@@ -1,5 +1,6 @@
 """Attention metrics from the generator's probes: P_S / P_R per layer and denoising step, the mass shift
-delta_p_s = P_S(quantized) - P_S(BF16) (mean and median), Jensen-Shannon divergence and output error.
+delta_p_s = P_S(quantized cache) - P_S(the same call with the run's own cache in full precision) (mean
+and median), Jensen-Shannon divergence and output error.
 
 A probe is one dict per (layer, step, chunk, branch) as recorded by ``jensenkv.attention.attention_probes``
 (keys p_s, p_r, p_s_ref, delta_p_s, jsd, out_mse, out_rel_err, ...). ``step`` is the denoising step, or
@@ -14,8 +15,9 @@ import pandas as pd
 COMMIT_STEP = -1
 SUMMARY_KEYS = ("p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err",
                 # error-model diagnostics (attention.diagnostics=true; jensenkv.attention.diagnostics)
-                "em_theta", "em_var_ratio", "em_log_zs_shift", "em_first_order", "em_jensen", "em_predicted_taylor",
-                "em_n_eff", "em_n_eff_fraction")
+                "em_mean_err", "em_mean_err_small", "em_mean_err_large", "em_mean_err_abs", "em_small_fraction",
+                "em_slope", "em_corr", "em_var_ratio", "em_log_zs_shift", "em_first_order", "em_jensen",
+                "em_predicted_taylor", "em_predicted_jensen", "em_n_eff", "em_n_eff_fraction")
 REQUIRED_KEYS = ("layer", "step", "chunk", "branch", "p_s", "p_s_ref", "delta_p_s")
 
 

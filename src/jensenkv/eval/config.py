@@ -8,7 +8,11 @@ from jensenkv.checks import check_bool, check_choice, check_int, fail, is_int
 from jensenkv.eval.fidelity import LPIPS_BACKBONE_FILES
 from jensenkv.eval.vbench import validate_dimensions
 
-METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content")
+# teacher_forced (jensenkv.teacher_forced): each chunk read with the BF16 run's own history, quantized vs full-
+# precision cache (per-video tf_psnr, tf_rel_err, tf_latent_rel_err; per chunk in the prompt results). Opt-in: it
+# regenerates every chunk twice, so it is not among the defaults.
+METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content", "teacher_forced")
+DEFAULT_METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content")
 
 
 @dataclass
@@ -38,7 +42,7 @@ class EvalConfig:
     prompts: list[str] = field(default_factory=list)
     num_prompts: Optional[int] = None  # use the first n prompts (null: all)
     seeds: list[int] = field(default_factory=lambda: [0])
-    metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     lpips: LpipsConfig = field(default_factory=LpipsConfig)
     vbench: VBenchConfig = field(default_factory=VBenchConfig)
     fps: int = 8                       # frame rate of the saved mp4 files

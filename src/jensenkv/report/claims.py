@@ -1,4 +1,6 @@
-"""The paper's three claims checked on a results store: numbers with 95% intervals, a verdict, and why.
+"""The paper's three claims checked on a results store: a pre-specified primary endpoint, then every claim as
+counts over the store's quantizer options, with intervals, exact tests, Holm-adjusted p-values, margins, power
+and the paper's own effect sizes.
 
     python -m jensenkv.report.claims [--results-dir results] [--model M] [--out <results-dir>/claims.md]
                                      [--correction taylor] [--bits 2] [--reference-bits 4]
@@ -7,17 +9,22 @@ Per model in the store (or only ``--model``, matched against the records' model 
 (``jensenkv.report.options``: rows = quantizer options, variants = corrections and other attention-time
 options, rotation / dither seeds pooled):
 
-1. INT2 cached keys steal attention mass: (a) uncorrected dP_S > 0; (b) the correction moves it toward 0
-   (paired per video: |dP_S| corrected - |dP_S| uncorrected < 0).
+0. The primary endpoint (``report.endpoints.PRIMARY``): the paper's setting, RTN INT2 g32 (integer zero),
+   none -> the correction, PSNR; tested alone at 0.05.
+1. INT2 cached keys steal attention mass: (a) uncorrected dP_S > 0; (b) the correction brings dP_S to about 0:
+   equivalence (TOST) of the corrected mean per-probe |dP_S| with 0 within ``endpoints.ABOUT_ZERO``.
 2. The correction improves fidelity to the BF16 video at INT2 (PSNR, SSIM, VBench up; LPIPS down), paired
-   per video against the uncorrected run.
-3. Corrected INT2 at fewer effective bits matches or beats uncorrected INT4 of the same quantizer (paired
-   per video: corrected INT2 - uncorrected INT4 on the better side of 0).
+   per video against the uncorrected run; each row matching a paper quantizer is also tested against the
+   paper's own effect (``endpoints.PAPER_TABLE1``).
+3. Corrected INT2 at fewer effective bits matches or beats uncorrected INT4 of the same quantizer:
+   non-inferiority within ``endpoints.NON_INFERIORITY`` (paired per (prompt, seed)).
 
-Every number is a mean over videos with its bootstrap 95% interval (``jensenkv.eval.stats``); paired
-differences also carry the sign-flip p-value. The verdict rule is ``jensenkv.report.verdicts.RULE``. Then the
-per-layer error-model diagnostics of the uncorrected INT2 runs (``jensenkv.report.diagnostics``) and every
-option of the store side by side. Absent data are listed as missing, with the reason.
+The unit of every interval and test is the prompt (``rows.cluster_means``): replicates are averaged within
+(prompt, seed), seeds within the prompt; intervals are Student-t intervals and p-values exact sign-flip tests over
+prompts (``jensenkv.eval.stats``); n is given as prompts / videos. The verdict rule is
+``jensenkv.report.verdicts.RULE``. Then the power of every row, the per-layer error-model diagnostics of the
+uncorrected INT2 runs (``jensenkv.report.diagnostics``) and every option of the store side by side. Absent data
+are listed as missing, with the reason.
 """
 from __future__ import annotations
 
@@ -28,16 +35,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from jensenkv.eval.stats import Interval, PairedDifference
-from jensenkv.report.diagnostics import Diagnostics, diagnose
+from jensenkv.eval.stats import ALPHA, Interval, PairedDifference, SignFlip, holm, sign_flip
+from jensenkv.report.checks import checks_section
+from jensenkv.report.diagnostics import Diagnostics, diagnose, render_diagnostics
+from jensenkv.report.endpoints import (ABOUT_ZERO, NON_INFERIORITY, NOT_COMPARABLE, PAPER_COMPARABLE, PRIMARY,
+                                       PRIMARY_REASON, SOURCE, Margin, paper_effect)
 from jensenkv.report.options import Options, load_options
-from jensenkv.report.table1 import DIGITS
-from jensenkv.report.verdicts import FAILS, HOLDS, MISSING, RULE, summarize, verdict
+from jensenkv.report.table1 import DIGITS, fmt_signed
+from jensenkv.report.verdicts import (FAILS, HOLDS, INCONCLUSIVE, MISSING, REVERSED, RULE, decide, side_of,
+                                      summarize)
 from jensenkv.tracking import atomic_write, portable
 
 # Fidelity metrics and the side of 0 that is better (a paired difference there is an improvement).
 FIDELITY = {"psnr": "above", "ssim": "above", "lpips": "below", "vbench": "above"}
-NAMES = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "delta_p_s": "dP_S"}
+NAMES = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "delta_p_s": "dP_S",
+         "delta_p_s_abs": "mean abs(dP_S)"}  # no "|" in a name: it would split a markdown table cell
 SHIFT_DIGITS = 4
 
 
@@ -46,33 +58,54 @@ def _digits(metric: str) -> int:
 
 
 def fmt_interval(iv: Interval, metric: str, signed: bool = True) -> str:
-    """"+0.0123 [+0.0050, +0.0200]" (signed: shifts and differences) or "27.07 [25.71, 28.10]"."""
-    d, sign = _digits(metric), "+" if signed else ""
+    """"+0.0123 [+0.0050, +0.0200]" (signed: shifts and differences) or "27.07 [25.71, 28.10]"; a number that
+    would round to 0 gets the digits that show its sign ("+0.00034")."""
+    d = _digits(metric)
     if iv.n == 0 or not math.isfinite(iv.mean):
         return "missing"
-    bounds = f"[{iv.low:{sign}.{d}f}, {iv.high:{sign}.{d}f}]" if math.isfinite(iv.low) and math.isfinite(iv.high) \
-        else "[no interval]"
-    return f"{iv.mean:{sign}.{d}f} {bounds}"
+    bounds = (f"[{fmt_signed(iv.low, d, signed)}, {fmt_signed(iv.high, d, signed)}]"
+              if math.isfinite(iv.low) and math.isfinite(iv.high) else "[no interval]")
+    return f"{fmt_signed(iv.mean, d, signed)} {bounds}"
 
 
 def fmt_paired(diff: PairedDifference, metric: str) -> str:
     """"+0.58 [+0.10, +1.02], p=0.031"."""
     if diff.n == 0:
         return "missing"
-    p = f", p={diff.p_value:.2g}" if math.isfinite(diff.p_value) else ""
+    p = f", {diff.test.text()}" if diff.test is not None and math.isfinite(diff.test.p) else ""
     return fmt_interval(Interval(diff.delta, diff.low, diff.high, diff.n), metric) + p
+
+
+def fmt_n(n: int, videos: int) -> str:
+    """"16 / 48": prompts (the independent units) / videos behind them."""
+    return f"{n} / {videos}"
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.2g}" if math.isfinite(p) else "-"
 
 
 @dataclass
 class Entry:
-    """One option under one claim: its numbers, its verdict, and why it is missing if it is."""
+    """One option under one claim: its numbers, its test, its verdict, and why it is missing if it is."""
 
     option: str
     tags: frozenset
     numbers: dict[str, str]
-    verdict: str
+    side: str = ""                    # HOLDS / FAILS: the finding the estimate points to
+    test: SignFlip | None = None      # the test of that finding (raw)
+    p_adjusted: float = math.nan      # Holm within the claim (the primary endpoint: its raw p)
+    verdict: str = MISSING
     reason: str = ""
-    note: str = ""  # e.g. the paired test disagrees with the interval (few videos)
+    primary: bool = False
+    paper: tuple[str, float, SignFlip] | None = None  # (paper quantizer, its effect, the test against it)
+    paper_adjusted: float = math.nan
+    power: PairedDifference | None = None  # the estimate whose SD gives the power (cluster-level)
+    note: str = ""  # what qualifies the verdict (e.g. the uncorrected value already met the claim)
+
+    @property
+    def p(self) -> float:
+        return self.test.p if self.test is not None else math.nan
 
 
 @dataclass
@@ -83,34 +116,33 @@ class Claim:
     columns: list[str]
     entries: list[Entry] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # data the claim needs that the store lacks, with why
+    fails: str = REVERSED  # the word for a finding on the other side (a claim with a margin: "does not hold")
+    margin: Margin | None = None
+
+    def finish(self) -> Claim:
+        """Holm within the claim (the primary endpoint left out), then each option's verdict."""
+        family = [e for e in self.entries if e.test is not None and not e.primary]
+        for entry, adjusted in zip(family, holm([e.p for e in family])):
+            entry.p_adjusted = adjusted
+        for entry in self.entries:
+            if entry.primary:
+                entry.p_adjusted = entry.p
+            if entry.test is not None:
+                entry.verdict = decide(entry.side, entry.p_adjusted)
+                if entry.verdict == MISSING:
+                    entry.reason = entry.reason or "no test (fewer than 2 prompts)"
+        compared = [e for e in self.entries if e.paper is not None and math.isfinite(e.paper[2].p)]
+        for entry, adjusted in zip(compared, holm([e.paper[2].p for e in compared])):
+            entry.paper_adjusted = adjusted
+        return self
 
     @property
     def summary(self) -> str:
-        return summarize((e.option, e.tags, e.verdict) for e in self.entries)
-
-    @property
-    def caveat(self) -> str:
-        """"" or which options' verdicts the paired test does not back (shown beside the summary)."""
-        weak = [e.option for e in self.entries if e.note]
-        return f"not backed by the paired test (p >= {ALPHA}): {', '.join(weak)}" if weak else ""
+        return summarize(((e.option, e.tags, e.verdict) for e in self.entries), self.fails)
 
     @property
     def headline(self) -> str:
-        return self.summary + (f" ({self.caveat})" if self.caveat else "")
-
-
-ALPHA = 0.05  # the level the 95% intervals correspond to
-
-
-def _entry(option: str, tags: frozenset, numbers: dict[str, str], low: float, high: float, n: int,
-           claimed: str, reason: str, p_value: float = math.nan) -> Entry:
-    """An option's entry; when the sign-flip test does not reject 0 where the bootstrap interval excludes it
-    (BCa intervals are optimistic on few videos), the verdict stands but says so."""
-    v = verdict(low, high, claimed) if n >= 2 else MISSING
-    note = ""
-    if v in (HOLDS, FAILS) and math.isfinite(p_value) and p_value >= ALPHA:
-        note = f"but p={p_value:.2g} >= {ALPHA}: too few videos to be sure"
-    return Entry(option, tags, {**numbers, "n": str(n)}, v, reason if v == MISSING else "", note)
+        return self.summary
 
 
 def _tags(opts: Options, row: str) -> frozenset:
@@ -122,32 +154,113 @@ def _rows_at(opts: Options, bits: int, variant: str) -> list[str]:
     return [r for r in opts.rows if r != "bf16" and opts.first(r, "bits") == bits and variant in opts.variants(r)]
 
 
+def _missing(option: str, tags: frozenset, reason: str, numbers: dict | None = None) -> Entry:
+    return Entry(option, tags, numbers or {}, verdict=MISSING, reason=reason)
+
+
+def superiority(option: str, tags: frozenset, numbers: dict[str, str], est: PairedDifference, claimed: str,
+                reason: str, metric: str, primary: bool = False) -> Entry:
+    """An option whose claim is "the mean lies on the ``claimed`` side of 0": two-sided sign flip over prompts."""
+    if est.n < 2 or est.test is None or not math.isfinite(est.test.p):
+        return _missing(option, tags, reason if est.n == 0 else
+                        f"{est.n} prompt(s) with {NAMES.get(metric, metric)}: no test", numbers)
+    side = side_of(est.delta, claimed)
+    return Entry(option, tags, numbers, side, est.test, primary=primary, power=est)
+
+
+def margin_entry(option: str, tags: frozenset, numbers: dict[str, str], est: PairedDifference,
+                 clusters: pd.Series, margin: float, kind: str, claimed: str, reason: str, metric: str) -> Entry:
+    """An option whose claim has a margin, tested over the prompt means ``clusters`` (sign flips about the
+    margin): ``kind`` "equivalence" (|mean| < margin: TOST, p = the larger of the two one-sided p) or
+    "non-inferiority" (mean on the ``claimed`` side of -margin, signed so that ``claimed`` is better)."""
+    if est.n < 2:
+        return _missing(option, tags, reason if est.n == 0 else
+                        f"{est.n} prompt(s) with {NAMES.get(metric, metric)}: no test", numbers)
+    x = clusters.to_numpy()
+    if kind == "equivalence":
+        lower, upper = sign_flip(x, -margin, "greater"), sign_flip(x, margin, "less")
+        within = lower if lower.p >= upper.p else upper  # TOST: both must reject; report the larger p
+        if abs(est.delta) < margin:
+            return Entry(option, tags, numbers, HOLDS, within, power=est)
+        outside = sign_flip(x, margin, "greater") if est.delta >= margin else sign_flip(x, -margin, "less")
+        return Entry(option, tags, numbers, FAILS, outside, power=est)
+    if kind != "non-inferiority":
+        raise ValueError(f"kind={kind!r} is not allowed: use 'equivalence' or 'non-inferiority'")
+    worse = -margin if claimed == "above" else margin  # the margin on the worse side of 0
+    better_alt, worse_alt = ("greater", "less") if claimed == "above" else ("less", "greater")
+    holds = est.delta > worse if claimed == "above" else est.delta < worse
+    test = sign_flip(x, worse, better_alt if holds else worse_alt)
+    return Entry(option, tags, numbers, HOLDS if holds else FAILS, test, power=est)
+
+
+def with_paper(entry: Entry, clusters: pd.Series, metric: str) -> Entry:
+    """Test a row that is one of the paper's quantizers against the paper's own effect on ``metric``."""
+    found = paper_effect(entry.tags, metric)
+    if found is not None and len(clusters) >= 2:
+        name, effect = found
+        entry.paper = (name, effect, sign_flip(clusters.to_numpy(), effect))
+    return entry
+
+
+def paper_text(entry: Entry, metric: str) -> str:
+    """"RTN +0.91: excluded; p=3.1e-05, Holm 9.2e-05" / "... not excluded; ..." / "-" (not a paper row)."""
+    if entry.paper is None:
+        return "-"
+    name, effect, test = entry.paper
+    d = _digits(metric)
+    found = "excluded" if entry.paper_adjusted < ALPHA else "not excluded"
+    return f"{name} {fmt_signed(effect, d, True)}: {found}; {test.text()}, Holm {fmt_p(entry.paper_adjusted)}"
+
+
+def mde_text(est: PairedDifference | None, metric: str) -> str:
+    if est is None or not math.isfinite(est.mde):
+        return "-"
+    return fmt_signed(est.mde, _digits(metric), False)
+
+
 def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
-    """Claim 1: (a) uncorrected dP_S > 0; (b) the correction shrinks |dP_S| (paired per video)."""
+    """Claim 1: (a) uncorrected dP_S > 0; (b) the corrected mean |dP_S| is within the margin of 0 (TOST)."""
     a = Claim("1a", f"INT{bits} cached keys steal attention mass",
-              "uncorrected dP_S = P_S(quantized) - P_S(BF16), mean over videos of the per-video mean over probes: "
-              "claimed above 0 (paper: median about +0.15 on MAGI-1)", ["dP_S uncorrected [95% CI]", "n"])
+              "uncorrected dP_S = P_S(quantized cache) - P_S(same call, the run's own cache in full precision), "
+              "per video the mean over its probes, per prompt the mean over its videos: claimed above 0, two-sided "
+              "sign-flip test over prompts (paper: median about +0.15 on MAGI-1)", ["dP_S uncorrected [95% CI]"])
+    margin = ABOUT_ZERO
     b = Claim("1b", f"the {correction} correction brings dP_S to about 0",
-              f"paired per video: abs(dP_S) with {correction} - abs(dP_S) uncorrected: claimed below 0",
-              ["dP_S uncorrected", f"dP_S {correction}", "d abs(dP_S) [95% CI], p", "n"])
+              f"mean abs(dP_S) over the probes of each video (every layer, chunk and probed step, so opposite-sign "
+              f"layers do not cancel) with {correction}: equivalent to 0 within the margin {margin.value:g} "
+              f"({margin.reason}); two one-sided sign-flip tests over prompts (TOST; the lower one is trivially met "
+              "by an absolute value). The uncorrected mean abs(dP_S) and the paired change are shown for reference",
+              ["mean abs(dP_S) uncorrected", f"mean abs(dP_S) {correction} [95% CI]",
+               "d mean abs(dP_S) [95% CI], p"],
+              fails=FAILS, margin=margin)
     rows = _rows_at(opts, bits, "none")
     if not rows:
         a.missing.append(f"no uncorrected INT{bits} run in the store: run `python -m jensenkv.run -m "
                          f"experiment=table1` (with 'attention' in eval.metrics)")
     for row in rows:
-        iv = opts.interval(row, "none", "delta_p_s")
-        a.entries.append(_entry(row, _tags(opts, row), {a.columns[0]: fmt_interval(iv, "delta_p_s")}, iv.low,
-                                iv.high, iv.n, "above", opts.missing_reason(row, "none", "delta_p_s")))
+        tags = _tags(opts, row)
+        est = opts.shift(row, "none", "delta_p_s")
+        a.entries.append(superiority(row, tags, {a.columns[0]: fmt_interval(est_interval(est), "delta_p_s")}, est,
+                                     "above", opts.missing_reason(row, "none", "delta_p_s"), "delta_p_s"))
         if correction not in opts.variants(row):
-            b.entries.append(Entry(row, _tags(opts, row), {}, MISSING, f"no {correction} run of {row}"))
+            b.entries.append(_missing(row, tags, f"no {correction} run of {row}"))
             continue
-        diff = opts.paired(row, correction, "abs_delta_p_s")
-        numbers = {b.columns[0]: fmt_interval(iv, "delta_p_s"),
-                   b.columns[1]: fmt_interval(opts.interval(row, correction, "delta_p_s"), "delta_p_s"),
-                   b.columns[2]: fmt_paired(diff, "delta_p_s")}
-        b.entries.append(_entry(row, _tags(opts, row), numbers, diff.low, diff.high, diff.n, "below",
-                                opts.missing_reason(row, correction, "delta_p_s"), diff.p_value))
-    return [a, b]
+        fixed = opts.shift(row, correction, "delta_p_s_abs")
+        before = opts.interval(row, "none", "delta_p_s_abs")
+        numbers = {b.columns[0]: fmt_interval(before, "delta_p_s", False),
+                   b.columns[1]: fmt_interval(est_interval(fixed), "delta_p_s", False),
+                   b.columns[2]: fmt_paired(opts.paired(row, correction, "delta_p_s_abs"), "delta_p_s")}
+        entry = margin_entry(row, tags, numbers, fixed, opts.clusters(row, correction, "delta_p_s_abs"),
+                             margin.value, "equivalence", "below",
+                             opts.missing_reason(row, correction, "delta_p_s_abs"), "delta_p_s_abs")
+        if before.n and before.mean < margin.value:  # nothing for the correction to bring down to the margin
+            entry.note = f"uncorrected already within the margin: {fmt_signed(before.mean, SHIFT_DIGITS, False)}"
+        b.entries.append(entry)
+    return [a.finish(), b.finish()]
+
+
+def est_interval(est: PairedDifference) -> Interval:
+    return Interval(est.delta, est.low, est.high, est.n, est.videos)
 
 
 def claim_fidelity(opts: Options, bits: int, correction: str) -> list[Claim]:
@@ -157,40 +270,49 @@ def claim_fidelity(opts: Options, bits: int, correction: str) -> list[Claim]:
     for metric, side in FIDELITY.items():
         name = NAMES[metric]
         claim = Claim(f"2 ({name})", f"the {correction} correction improves {name} at INT{bits}",
-                      f"paired per video: {name} with {correction} - {name} uncorrected: claimed "
-                      f"{side} 0 ({'higher' if side == 'above' else 'lower'} is better)",
-                      [f"{name} uncorrected", f"{name} {correction}", f"d{name} [95% CI], p", "n"])
+                      f"{name} with {correction} - {name} uncorrected, paired per video, then averaged per prompt: "
+                      f"claimed {side} 0 ({'higher' if side == 'above' else 'lower'} is better), two-sided sign-flip "
+                      + (f"test over prompts; a row with the settings of one of the paper's quantizers is also "
+                         f"tested against the paper's own effect ({SOURCE}; Holm over those rows)"
+                         if metric in PAPER_COMPARABLE else
+                         f"test over prompts; not tested against the paper's {name} effect: {NOT_COMPARABLE[metric]}"),
+                      [f"{name} uncorrected", f"{name} {correction}", f"d{name} [95% CI]"])
         if not rows:
             claim.missing.append(f"no uncorrected INT{bits} run in the store")
         for row in rows:
+            tags = _tags(opts, row)
             if correction not in opts.variants(row):
-                claim.entries.append(Entry(row, _tags(opts, row), {}, MISSING, f"no {correction} run of {row}"))
+                claim.entries.append(_missing(row, tags, f"no {correction} run of {row}"))
                 continue
             diff = opts.paired(row, correction, metric)
             numbers = {claim.columns[0]: fmt_interval(opts.interval(row, "none", metric), metric, False),
                        claim.columns[1]: fmt_interval(opts.interval(row, correction, metric), metric, False),
-                       claim.columns[2]: fmt_paired(diff, metric)}
-            claim.entries.append(_entry(row, _tags(opts, row), numbers, diff.low, diff.high, diff.n, side,
-                                        opts.missing_reason(row, correction, metric), diff.p_value))
-        claims.append(claim)
+                       claim.columns[2]: fmt_interval(est_interval(diff), metric)}
+            entry = superiority(row, tags, numbers, diff, side, opts.missing_reason(row, correction, metric), metric,
+                                primary=metric == PRIMARY.metric and PRIMARY.matches(tags))
+            claim.entries.append(with_paper(entry, opts.paired_clusters(row, correction, metric), metric))
+        claims.append(claim.finish())
     return claims
 
 
 def claim_memory(opts: Options, bits: int, reference_bits: int, correction: str) -> list[Claim]:
     """Claim 3, per fidelity metric: corrected INT``bits`` rows with fewer effective bits than an uncorrected
-    INT``reference_bits`` row of the same quantizer, paired per video against it."""
+    INT``reference_bits`` row of the same quantizer, paired per (prompt, seed): non-inferiority."""
     low_rows = _rows_at(opts, bits, correction)
     refs = _rows_at(opts, reference_bits, "none")
     claims = []
     for metric, side in FIDELITY.items():
         name = NAMES[metric]
+        margin = NON_INFERIORITY[metric]
+        worse = "lower" if side == "above" else "higher"
         claim = Claim(f"3 ({name})", f"{correction}-corrected INT{bits} at fewer bits matches or beats "
                       f"uncorrected INT{reference_bits}",
-                      f"paired per video: {name} of corrected INT{bits} - {name} of uncorrected INT{reference_bits} "
-                      f"(same quantizer, fewer effective bits): claimed {side} 0 (paper: 2.19 vs 4.38 bits on "
-                      "MAGI-1, \"50% less memory\")",
+                      f"{name} of corrected INT{bits} - {name} of uncorrected INT{reference_bits} (same quantizer, "
+                      f"fewer effective bits), paired per (prompt, seed) with replicates averaged, then per prompt: "
+                      f"non-inferior, i.e. at most {margin.value:g} {worse} (the margin: {margin.reason}); one-sided "
+                      "sign-flip test over prompts (paper: 2.19 vs 4.38 bits on MAGI-1, \"50% less memory\")",
                       ["effective bits", f"{name} INT{bits} {correction}", f"{name} INT{reference_bits} none",
-                       f"d{name} [95% CI], p", "n"])
+                       f"d{name} [95% CI]"], fails=FAILS, margin=margin)
         if not low_rows:
             claim.missing.append(f"no {correction}-corrected INT{bits} run in the store")
         for quantizer in dict.fromkeys(opts.first(r, "quantizer") for r in low_rows):
@@ -213,17 +335,24 @@ def claim_memory(opts: Options, bits: int, reference_bits: int, correction: str)
                     numbers = {claim.columns[0]: f"{low_bits:.2f} vs {ref_bits:.2f} ({low_bits / ref_bits - 1:+.0%})",
                                claim.columns[1]: fmt_interval(opts.interval(row, correction, metric), metric, False),
                                claim.columns[2]: fmt_interval(opts.interval(ref, "none", metric), metric, False),
-                               claim.columns[3]: fmt_paired(diff, metric)}
+                               claim.columns[3]: fmt_interval(est_interval(diff), metric)}
                     reason = opts.missing_reason(row, correction, metric) if not len(
                         opts.values(row, correction, metric)) else opts.missing_reason(ref, "none", metric)
-                    claim.entries.append(_entry(f"{row} + {correction} vs {ref}", _tags(opts, row), numbers,
-                                                diff.low, diff.high, diff.n, side, reason, diff.p_value))
-        claims.append(claim)
+                    claim.entries.append(margin_entry(
+                        f"{row} + {correction} vs {ref}", _tags(opts, row), numbers, diff,
+                        opts.across_clusters(row, correction, ref, "none", metric), margin.value,
+                        "non-inferiority", side, reason, metric))
+        claims.append(claim.finish())
     return claims
 
 
 def _less(a, b) -> bool:
     return a is not None and b is not None and float(a) < float(b)
+
+
+def primary_entry(claims: list[Claim]) -> Entry | None:
+    """The primary endpoint's entry (claim 2 on PRIMARY.metric, the row of the paper's setting)."""
+    return next((e for c in claims for e in c.entries if e.primary), None)
 
 
 def options_table(opts: Options) -> pd.DataFrame:
@@ -236,17 +365,40 @@ def options_table(opts: Options) -> pd.DataFrame:
             dps = opts.interval(row, variant, "delta_p_s")
             psnr = opts.interval(row, variant, "psnr")
             base = variant == "none" or "none" not in opts.variants(row)
+            shown = dps if dps.n >= psnr.n else psnr
             out.append({
                 "option": row, "variant": variant + (f" ({opts.pooled_note(row, variant)})"
                                                      if opts.pooled_note(row, variant) else ""),
-                "n": max(dps.n, psnr.n),
+                "n prompts / videos": fmt_n(shown.n, shown.num_videos),
                 "dP_S [95% CI]": fmt_interval(dps, "delta_p_s"),
-                "d abs(dP_S) vs none, p": "-" if base else fmt_paired(opts.paired(row, variant, "abs_delta_p_s"),
-                                                                 "delta_p_s"),
+                "d mean abs(dP_S) vs none, p": "-" if base else fmt_paired(
+                    opts.paired(row, variant, "delta_p_s_abs"), "delta_p_s"),
                 "PSNR [95% CI]": fmt_interval(psnr, "psnr", False),
                 "dPSNR vs none, p": "-" if base else fmt_paired(opts.paired(row, variant, "psnr"), "psnr"),
             })
     return pd.DataFrame(out)
+
+
+def power_table(claims: list[Claim]) -> pd.DataFrame:
+    """Per claim-2 row: prompts / videos, and per metric the SD of the prompt-mean differences and the smallest
+    effect detected at 80% power (two-sided 0.05, t on prompt means), beside the estimate and the paper's."""
+    rows: dict[str, dict[str, str]] = {}
+    for claim in claims:
+        if not claim.key.startswith("2 "):
+            continue
+        metric = next(m for m, n in NAMES.items() if claim.key == f"2 ({n})")
+        for e in claim.entries:
+            if e.power is None:
+                continue
+            row = rows.setdefault(e.option, {"option": e.option,
+                                             "n prompts / videos": fmt_n(e.power.n, e.power.num_videos)})
+            d = _digits(metric)
+            est = e.power
+            row[f"{NAMES[metric]}: d / SD / MDE"] = (f"{fmt_signed(est.delta, d, True)} / "
+                                                     f"{fmt_signed(est.sd, d, False)} / {mde_text(est, metric)}")
+            if e.paper is not None:
+                row[f"paper {NAMES[metric]}"] = f"{e.paper[0]} {fmt_signed(e.paper[1], d, True)}"
+    return pd.DataFrame(list(rows.values())).fillna("-")
 
 
 @dataclass
@@ -256,6 +408,10 @@ class ModelReport:
     claims: list[Claim]
     diagnostics: Diagnostics
     options: pd.DataFrame
+
+    @property
+    def primary(self) -> Entry | None:
+        return primary_entry(self.claims)
 
 
 def build_report(results_dir: str | Path = "results", model: str | None = None, correction: str = "taylor",
@@ -276,76 +432,99 @@ def _md_table(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, disable_numparse=True) if not frame.empty else "(none)"
 
 
+def _metric_of(claim: Claim) -> str:
+    name = claim.key.split("(", 1)[-1].rstrip(")") if "(" in claim.key else ""
+    return next((m for m, n in NAMES.items() if n == name), "delta_p_s")
+
+
+def entry_row(claim: Claim, e: Entry) -> dict[str, str]:
+    metric = _metric_of(claim)
+    row = {"option": e.option + (" (primary)" if e.primary else ""), **{c: e.numbers.get(c, "") for c in claim.columns}}
+    if e.test is not None:
+        row["p raw"] = e.test.text()
+        row["p Holm"] = "primary: alone" if e.primary else fmt_p(e.p_adjusted)
+    else:
+        row["p raw"] = row["p Holm"] = "-"
+    row["n prompts / videos"] = fmt_n(e.power.n, e.power.num_videos) if e.power is not None else "-"
+    row["MDE 80%"] = mde_text(e.power, metric if metric != "delta_p_s_abs" else "delta_p_s")
+    if claim.key.startswith("2 ") and metric in PAPER_COMPARABLE:
+        row["vs the paper's effect"] = paper_text(e, metric)
+    word = claim.fails if e.verdict == FAILS else e.verdict
+    row["verdict"] = word + (f" ({portable(e.reason)})" if e.reason else "") + (f" ({e.note})" if e.note else "")
+    return row
+
+
 def render_claim(claim: Claim) -> str:
     lines = [f"### Claim {claim.key}: {claim.title} — **{claim.summary}**", "", claim.statement + ".", ""]
-    if claim.caveat:
-        lines += [f"Caveat: {claim.caveat}.", ""]
     reasons = {e.reason for e in claim.entries if e.verdict == MISSING}
     if claim.entries and claim.summary == MISSING and len(reasons) == 1:  # one reason for every option: say it once
         lines.append(f"- missing for every option: {portable(reasons.pop())}")
     elif claim.entries:
-        table = pd.DataFrame([{"option": e.option, **{c: e.numbers.get(c, "") for c in claim.columns},
-                               "verdict": e.verdict + (f" ({portable(e.reason)})" if e.reason else "")
-                               + (f" ({e.note})" if e.note else "")}
-                              for e in claim.entries])
-        lines += [_md_table(table), ""]
+        lines += [_md_table(pd.DataFrame([entry_row(claim, e) for e in claim.entries])), ""]
     lines += [f"- missing: {portable(m)}" for m in claim.missing]
     return "\n".join(lines).rstrip() + "\n"
 
 
-DIAG_COLUMNS = {"layer": "layer", "theta": "theta", "var_ratio": "Var(e)/(D²/12)", "first_order": "first order",
-                "jensen": "Jensen", "log_zs_shift": "log Z_S shift", "predicted_taylor": "b removes",
-                "residual": "shift - b [95% CI]", "n_eff": "n_eff", "delta_p_s": "dP_S"}
+def render_primary(entry: Entry | None, correction: str) -> list[str]:
+    head = [f"**Primary endpoint (pre-specified):** {PRIMARY.describe(correction)}; {PRIMARY_REASON}. It is "
+            "tested alone at 0.05; every other test below is Holm-adjusted within its claim."]
+    if entry is None:
+        return head + ["", "- missing: no run of that row with and without the correction in the store"]
+    if entry.power is None:
+        return head + ["", f"- missing: {portable(entry.reason)}"]
+    est, d = entry.power, _digits(PRIMARY.metric)
+    words = {HOLDS: "the correction improves it", FAILS: "the correction makes it worse",
+             INCONCLUSIVE: "inconclusive against 0", MISSING: "missing"}[entry.verdict]
+    text = (f"d{PRIMARY.metric.upper()} = {fmt_interval(est_interval(est), PRIMARY.metric)}, {entry.test.text()} "
+            f"(exact sign flip over {est.n} prompts, {est.num_videos} videos): **{words}**")
+    if entry.paper is not None:
+        name, effect, test = entry.paper
+        against = "excludes" if test.p < ALPHA else "does not exclude"
+        text += f"; {against} the paper's {fmt_signed(effect, d, True)} dB ({name}, MAGI-1; {test.text()})"
+    text += (f". With this SD of the prompt-mean differences ({fmt_signed(est.sd, d, False)}) the current "
+             f"{est.n} prompts detect an effect of {mde_text(est, PRIMARY.metric)} with 80% power.")
+    return head + ["", text]
 
 
-def render_diagnostics(diag: Diagnostics) -> str:
-    lines = ["## Why: error-model diagnostics per layer (uncorrected runs)", "",
-             ("Means over denoising probes of the em_* keys (jensenkv.attention.diagnostics). The cached block's "
-              "log Z_S shift = first-order term + Jensen term; the correction's model says the first-order term is "
-              "0 and b removes the Jensen term. 'shift - b' is what is left after subtracting b (interval over "
-              "videos); n_eff is how many cached keys a query attends to."), ""]
-    if diag.missing:
-        return "\n".join(lines + [f"- missing: {portable(m)}" for m in diag.missing]) + "\n"
-    lines += [f"Runs over {diag.context}.", ""]
-    for row, part in diag.table.groupby("row", sort=False):
-        shown = part.copy()
-        shown["residual"] = [fmt_interval(Interval(r.residual, r.residual_low, r.residual_high, int(r.videos)),
-                                          "residual") for r in part.itertuples()]
-        for col in ("theta", "var_ratio", "first_order", "jensen", "log_zs_shift", "predicted_taylor", "n_eff",
-                    "delta_p_s"):
-            shown[col] = [f"{v:+.3g}" if col not in ("var_ratio", "n_eff") else f"{v:.3g}" for v in part[col]]
-        lines += [f"### {row}", "", _md_table(shown[list(DIAG_COLUMNS)].rename(columns=DIAG_COLUMNS)), ""]
-        lines += [f"- layer {r.layer}: {r.reading}" for r in part.itertuples()] + [""]
-    return "\n".join(lines)
+POWER_NOTE = ("The smallest effect each row detects with 80% power (MDE): paired, on prompt means, two-sided "
+              "alpha 0.05, from the SD of the prompt-mean differences with the noncentral t distribution (the t "
+              "test's power; the sign-flip test's is close to it). An inconclusive row whose MDE is above the "
+              "effect one cares about says the store is too small, not that the effect is absent.")
 
 
-def render(reports: list[ModelReport], results_dir: str | Path, correction: str) -> str:
+def render(reports: list[ModelReport], results_dir: str | Path, correction: str, bits: int = 2) -> str:
     lines = ["# The paper's claims on this store", "",
              (f"Generated by `python -m jensenkv.report.claims --results-dir {portable(str(results_dir))}` "
-              "(`make reproduce-table1` regenerates it). Every number: mean over videos (prompt x seed) with its "
-              "bootstrap 95% interval; d = paired difference per video with its two-sided sign-flip p-value; "
-              "n = videos (pairs)."), "", "**Verdict rule.** " + RULE, ""]
+              "(`make reproduce-table1` regenerates it). Every number: a mean with its Student-t 95% interval over "
+              "**prompts** (replicates averaged within (prompt, seed), seeds within the prompt); d = paired "
+              "difference per video, averaged the same way, with its exact two-sided sign-flip p over prompts; "
+              "n = prompts / videos; P_S's reference is the same call with the run's own cache in full precision."),
+             "", "**Verdict rule.** " + RULE, ""]
     for rep in reports:
         lines += [f"## {rep.model}", "", f"Runs over {rep.opts.selection.context_desc}."]
         if rep.opts.selection.left_out:
             lines += ["", f"Left out ({len(rep.opts.selection.left_out)} runs of other contexts, never mixed in):"]
             lines += [f"- {portable(x)}" for x in rep.opts.selection.left_out]
-        lines += ["", "| claim | verdict |", "|---|---|"]
+        lines += [""] + render_primary(rep.primary, correction) + [""]
+        lines += ["| claim | verdict |", "|---|---|"]
         lines += [f"| {c.key}: {c.title} | {c.headline} |" for c in rep.claims]
         lines.append("")
         lines += [render_claim(c) for c in rep.claims]
+        lines += ["## Power: the smallest effect each row detects", "", POWER_NOTE, "",
+                  _md_table(power_table(rep.claims)), ""]
         lines.append(render_diagnostics(rep.diagnostics))
+        lines.append(checks_section(rep.opts, results_dir, correction, bits))
         lines += ["## Every option side by side", "",
                   ("Rows: the store's quantizer options; variants: the corrections and attention-time options "
-                   "(paired against 'none' of the same option; seeds pooled where noted)."), "",
-                  _md_table(rep.options), ""]
+                   "(paired against 'none' of the same option; seeds pooled where noted; raw p-values, not "
+                   "adjusted)."), "", _md_table(rep.options), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def write_claims(results_dir: str | Path = "results", out: str | Path | None = None, model: str | None = None,
                  correction: str = "taylor", bits: int = 2, reference_bits: int = 4) -> tuple[Path, list[ModelReport]]:
     reports = build_report(results_dir, model, correction, bits, reference_bits)
-    text = render(reports, results_dir, correction)
+    text = render(reports, results_dir, correction, bits)
     path = Path(out) if out is not None else Path(results_dir) / "claims.md"
     return atomic_write(path, lambda f: f.write(text), mode="w"), reports
 

@@ -61,11 +61,15 @@ def plot_tradeoff(runs: pd.DataFrame, metric: str = "psnr", title: str | None = 
     return fig
 
 
-def plot_attention_mass(frames: Mapping[str, pd.DataFrame], reference_label: str = "BF16") -> Figure:
+REFERENCE_LABEL = "same call, run's own cache in full precision"
+
+
+def plot_attention_mass(frames: Mapping[str, pd.DataFrame], reference_label: str = REFERENCE_LABEL) -> Figure:
     """P_S (attention mass on the cache) per denoising step, one panel per layer.
 
-    frames: {label: probe DataFrame of one run} (``load_attention``). The BF16 curve is the reference
-    mass P_S(BF16 cache) recorded alongside the first run's probes.
+    frames: {label: probe DataFrame of one run} (``load_attention``). The reference curve is p_s_ref of the
+    first run's probes: the same attention call with that run's own cache in full precision (not the BF16 run,
+    whose history differs), which is what dP_S is measured against.
     """
     if not frames:
         raise ValueError("frames={} is not allowed: give at least one run's probes")

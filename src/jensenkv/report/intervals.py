@@ -2,12 +2,15 @@
 
 A cell is one table row (quantizer) under one treatment (correction, strength, ...), made of one run or of
 its replicates pooled (``run_id`` holds them joined by ";"; ``jensenkv.report.rows``). Its metric is the mean
-over its videos; a video is identified by rows.VIDEO_KEYS (prompt, seed, replicate). ``add_intervals`` adds to
-a table of cells: ``num_videos``, ``<metric>_ci95_low`` / ``_high`` (bootstrap over videos,
-jensenkv.eval.stats), and on each treated cell ``delta_<metric>`` (treated - baseline, paired video by video
-with the baseline cell of the same row: same prompt, seed and replicate) with its interval
-``delta_<metric>_ci95_low`` / ``_high`` and ``p_<metric>`` (two-sided paired sign-flip test). Pairs are only
-formed within one row, whose runs the selection guarantees share prompts, seeds and every other setting.
+over its videos; a video is identified by rows.VIDEO_KEYS (prompt, seed, replicate). The independent unit is
+the prompt (``rows.cluster_means``: replicates averaged within (prompt, seed), seeds within the prompt), so
+every interval and test here runs over prompt means (jensenkv.eval.stats). ``add_intervals`` adds to a table of
+cells: ``num_videos``, ``num_clusters`` (prompts), ``<metric>_ci95_low`` / ``_high`` (Student-t over
+prompts), and on each treated cell ``delta_<metric>`` (treated - baseline, paired video by video with the
+baseline cell of the same row: same prompt, seed and replicate, then averaged per prompt) with its interval
+``delta_<metric>_ci95_low`` / ``_high``, ``p_<metric>`` (two-sided exact sign-flip test over prompts) and
+``delta_<metric>_mde`` (the smallest effect detected at 80% power). Pairs are only formed within one row, whose
+runs the selection guarantees share prompts, seeds and every other setting.
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ import math
 
 import pandas as pd
 
-from jensenkv.eval.stats import PairedDifference, mean_interval, paired_difference
-from jensenkv.report.rows import BASELINE, VIDEO_KEYS, VIDEO_METRICS, run_ids_of
+from jensenkv.eval.stats import Interval, PairedDifference, mean_interval, shift_test
+from jensenkv.report.rows import BASELINE, VIDEO_KEYS, VIDEO_METRICS, cluster_means, run_ids_of
 
 
 def add_intervals(table: pd.DataFrame, videos: pd.DataFrame, cell: tuple[str, ...] = ("model", "row_id"),
@@ -26,34 +29,60 @@ def add_intervals(table: pd.DataFrame, videos: pd.DataFrame, cell: tuple[str, ..
     out = table.copy()
     by_cell = [_cell_videos(videos, row["run_id"]) for _, row in out.iterrows()]
     out["num_videos"] = [len(v) for v in by_cell]
+    out["num_clusters"] = [v.index.get_level_values("prompt").nunique() if len(v) else 0 for v in by_cell]
     twins = [_twin(out, row, cell, baseline) for _, row in out.iterrows()]
     for metric in VIDEO_METRICS:
-        lows, highs, deltas, ps, d_lows, d_highs = [], [], [], [], [], []
+        lows, highs, deltas, ps, d_lows, d_highs, mdes = [], [], [], [], [], [], []
         for per_video, twin in zip(by_cell, twins):
             values = per_video[metric] if metric in per_video else pd.Series(dtype=float)
-            ci = mean_interval(values.to_numpy())
+            ci = cell_interval(values)
             lows.append(ci.low)
             highs.append(ci.high)
-            delta = p = d_low = d_high = math.nan
+            delta = p = d_low = d_high = mde = math.nan
             base = by_cell[twin] if twin is not None else None
             if base is not None and metric in base and len(values):
                 test = paired(values, base[metric])
-                delta, p, d_low, d_high = test.delta, test.p_value, test.low, test.high
+                delta, p, d_low, d_high, mde = test.delta, test.p_value, test.low, test.high, test.mde
             deltas.append(delta)
             ps.append(p)
             d_lows.append(d_low)
             d_highs.append(d_high)
+            mdes.append(mde)
         out[f"{metric}_ci95_low"], out[f"{metric}_ci95_high"] = lows, highs
         out[f"delta_{metric}"], out[f"p_{metric}"] = deltas, ps
         out[f"delta_{metric}_ci95_low"], out[f"delta_{metric}_ci95_high"] = d_lows, d_highs
+        out[f"delta_{metric}_mde"] = mdes
     return out
 
 
+def cell_interval(values: pd.Series, prompt: str = "prompt", seed: str = "seed") -> Interval:
+    """The mean of a cell's per-video values (indexed by VIDEO_KEYS, or any index with ``prompt`` and ``seed``
+    levels) with its interval over prompts (``rows.cluster_means``); n = prompts, videos = the videos behind."""
+    values = values.dropna()
+    return mean_interval(cluster_means(values, prompt, seed).to_numpy(), videos=len(values))
+
+
 def paired(treated: pd.Series, base: pd.Series) -> PairedDifference:
-    """treated - base, video by video: the values of equal index (VIDEO_KEYS, or (prompt, seed) between rows),
-    in the treated videos' order."""
-    joined = pd.concat([treated.rename("t"), base.rename("b")], axis=1, join="inner")
-    return paired_difference(joined["t"].to_numpy(), joined["b"].to_numpy())
+    """treated - base, video by video (values of equal index: VIDEO_KEYS, or (prompt, seed) between rows), then
+    averaged per prompt (``rows.cluster_means``): interval, sign-flip p and power over prompts."""
+    diff = _differences(treated, base)
+    return shift_test(cluster_means(diff).to_numpy(), videos=len(diff))
+
+
+def _differences(treated: pd.Series, base: pd.Series) -> pd.Series:
+    joined = pd.concat([treated.rename("t"), base.rename("b")], axis=1, join="inner").dropna()
+    return joined["t"] - joined["b"]
+
+
+def cluster_differences(treated: pd.Series, base: pd.Series) -> pd.Series:
+    """treated - base paired per video, then one mean per prompt: the values ``paired`` tests."""
+    return cluster_means(_differences(treated, base))
+
+
+def shift(values: pd.Series) -> PairedDifference:
+    """A per-video quantity against 0 (e.g. the uncorrected dP_S), over prompts as ``paired``."""
+    values = values.dropna()
+    return shift_test(cluster_means(values).to_numpy(), videos=len(values))
 
 
 def _cell_videos(videos: pd.DataFrame, cell_run_id: str) -> pd.DataFrame:

@@ -14,9 +14,10 @@ without code changes:
   differs from its usual value.
 
 One run per (row, replicate, variant), the latest; a cell lists its replicates in Table 1's order
-(``rows.by_replicate``), so both bootstrap the same videos in the same order. Paired differences pair a
+(``rows.by_replicate``), so both pool the same videos in the same order. Paired differences pair a
 corrected video with the uncorrected one of the same replicate, prompt and seed; a difference between rows
-(INT2 vs INT4) first averages each row's replicates per (prompt, seed) (``rows.per_prompt_seed``).
+(INT2 vs INT4) first averages each row's replicates per (prompt, seed) (``rows.per_prompt_seed``). Intervals and
+tests then run over prompts (``rows.cluster_means``, ``report.intervals``), as Table 1's do.
 """
 from __future__ import annotations
 
@@ -24,13 +25,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from jensenkv.eval.stats import Interval, PairedDifference, mean_interval
-from jensenkv.report.intervals import paired
+from jensenkv.eval.stats import Interval, PairedDifference
+from jensenkv.report.intervals import cell_interval, cluster_differences, paired, shift
 from jensenkv.report.rows import (QUANTIZER_ORDER, REASON_SOURCE, VIDEO_KEYS, attach_details, by_replicate,
-                                  per_prompt_seed, present, quantizer_fields, video_metrics)
+                                  cluster_means, per_prompt_seed, present, quantizer_fields, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.tracking import ResultsStore, load_results
 
@@ -76,21 +76,20 @@ def name_rows(runs: pd.DataFrame, variant_keys: list[str]) -> pd.DataFrame:
     names, variants, tags = [], [], []
     for _, r in runs.iterrows():
         if r["quantizer"] == "bf16":
-            name, tag = "bf16", {"bf16"}
+            name = "bf16"
         else:
             name = f"{r['quantizer']} INT{_fmt_value(r['bits'])} g{_fmt_value(r['group_size'])}"
-            tag = {*str(r["quantizer"]).split("+"), f"INT{_fmt_value(r['bits'])}", f"g{_fmt_value(r['group_size'])}"}
             for col in extra_row:
                 if not _same(r[col], usual[col]):
                     name += f" {col}={_fmt_value(r[col])}"
-                    tag.add(f"{col}={_fmt_value(r[col])}")
         variant = str(r.get("correction") or "none")
         for col in variant_keys:
             if col != "correction" and not _same(r[col], usual[col]) and variant != "none":
                 variant += f" {col}={_fmt_value(r[col])}"
         names.append(name)
         variants.append(variant)
-        tags.append(frozenset(tag))
+        settings = r.get("tags")  # rows.setting_tags: from the identity's settings (never from the labels)
+        tags.append(settings if isinstance(settings, frozenset) else frozenset())
     runs["row"], runs["variant"], runs["tags"] = names, variants, tags
     return runs
 
@@ -150,7 +149,12 @@ class Options:
         return part.set_index(list(VIDEO_KEYS))[metric].dropna().astype(float)
 
     def interval(self, row: str, variant: str, metric: str) -> Interval:
-        return mean_interval(self.values(row, variant, metric).to_numpy())
+        """The cell's mean with its interval over prompts (replicates and seeds averaged within a prompt)."""
+        return cell_interval(self.values(row, variant, metric))
+
+    def shift(self, row: str, variant: str, metric: str) -> PairedDifference:
+        """The cell's mean against 0, tested over prompts (sign flip) with its power."""
+        return shift(self.values(row, variant, metric))
 
     def paired(self, row: str, variant: str, metric: str, base: str = "none") -> PairedDifference:
         """variant - base within one row, paired by prompt, seed and replicate."""
@@ -161,6 +165,19 @@ class Options:
         (``rows.per_prompt_seed``), paired by prompt and seed (one context: both rows share them)."""
         return paired(per_prompt_seed(self.values(row, variant, metric)),
                       per_prompt_seed(self.values(ref_row, ref_variant, metric)))
+
+    def clusters(self, row: str, variant: str, metric: str) -> pd.Series:
+        """The cell's per-prompt means (``rows.cluster_means``): what its interval and tests run over."""
+        return cluster_means(self.values(row, variant, metric))
+
+    def paired_clusters(self, row: str, variant: str, metric: str, base: str = "none") -> pd.Series:
+        """Per-prompt means of variant - base (paired per video first), as ``paired`` tests them."""
+        return cluster_differences(self.values(row, variant, metric), self.values(row, base, metric))
+
+    def across_clusters(self, row: str, variant: str, ref_row: str, ref_variant: str, metric: str) -> pd.Series:
+        """Per-prompt means of (row, variant) - (ref_row, ref_variant), as ``across`` tests them."""
+        return cluster_differences(per_prompt_seed(self.values(row, variant, metric)),
+                                   per_prompt_seed(self.values(ref_row, ref_variant, metric)))
 
     def missing_reason(self, row: str, variant: str, metric: str) -> str:
         """Why a cell has no values of ``metric``: the run's recorded reason, or what is absent."""
@@ -211,8 +228,6 @@ def build_options(results_dir: str | Path, model: str, selection: Selection) -> 
     chosen = _name_settings(by_replicate(latest(chosen, ("row_id", "replicate", "variant"))), results_dir)
     videos = video_metrics(results_dir, chosen["run_id"])
     if not videos.empty:
-        if "delta_p_s" in videos.columns:
-            videos["abs_delta_p_s"] = np.abs(videos["delta_p_s"])
         videos = videos.merge(chosen[["run_id", "row", "variant"]], on="run_id", how="left")
     return Options(results_dir, model, chosen.reset_index(drop=True), videos, selection, variant_keys)
 

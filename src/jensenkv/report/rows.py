@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,15 @@ from jensenkv.tracking import COMPARED, QUANTIZER, ResultsStore, config_hash
 
 BASELINE = "none"  # the treatment every other one is paired against
 DETAIL_COLUMNS = ("row_id", "replicate", "rotation_seed", "treatment", "zero_point", "dither", "smoothing",
-                  "qvg_centroids", "probe_steps")
+                  "qvg_centroids", "probe_steps", "tags")
 VIDEO_KEYS = ("prompt", "seed", "replicate")  # one video of a row (records' per-video rows)
 PROBE_VIDEO_KEYS = ("run_id", "prompt_index", "seed")  # the same video in a probe table: one run per replicate
-VIDEO_METRICS = ("psnr", "ssim", "lpips", "vbench", "content", "delta_p_s")  # per-video values of the records
-PER_VIDEO_KEYS = {"delta_p_s": "delta_p_s_mean"}  # the per-video name of a run-level metric
-REASON_SOURCE = {"delta_p_s": "attention", "abs_delta_p_s": "attention"}  # whose <key>_missing_reason says why
+VIDEO_METRICS = ("psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_abs")  # per-video values
+# the per-video name of a metric in the records: dP_S is the mean over the video's probes (every layer, chunk,
+# branch and probed step); delta_p_s_abs is the mean of |dP_S| over the same probes (opposite-sign layers do not
+# cancel)
+PER_VIDEO_KEYS = {"delta_p_s": "delta_p_s_mean", "delta_p_s_abs": "delta_p_s_abs_mean"}
+REASON_SOURCE = {"delta_p_s": "attention", "delta_p_s_abs": "attention"}  # whose <key>_missing_reason says why
 RUN_SEPARATOR = ";"  # a pooled cell's run ids, joined
 QUANTIZER_ORDER = {"bf16": 0, "rtn": 1, "kivi": 2, "quarot+rtn": 3, "quarot+kivi": 4, "qvg": 5, "quarot+qvg": 6,
                    "qvg_pro": 7, "qvg_rtn": 8}  # the tables' order of quantizer families
@@ -58,10 +62,32 @@ def _key(identity: Mapping[str, Any], name: str) -> QuantConfig | None:
     values = identity.get(name)
     if not isinstance(values, Mapping):
         return None
+    known = {f.name for f in fields(QuantConfig)}  # a record may carry more (e.g. an older schema's label)
     try:
-        return QuantConfig.from_dict(values)
+        return QuantConfig.from_dict({k: v for k, v in values.items() if k in known})
     except (TypeError, ValueError):
         return None
+
+
+def setting_tags(identity: Mapping[str, Any] | None) -> frozenset[str]:
+    """The key quantizer's settings as words (what a verdict may say rows share), read from the identity's
+    settings, never from a label: method, width, group, zero point in effect (dither implies min-aligned),
+    dither, smoothing, rotation, QVG centroids."""
+    key = _key(identity or {}, "key")
+    if key is None:
+        return frozenset()
+    if key.method == "none":
+        return frozenset({"full precision"})
+    tags = {key.method.upper(), f"INT{key.bits}", f"g{key.group_size}",
+            "symmetric" if key.symmetric else ZERO_NAMES.get(key.zero_convention, f"{key.zero_convention} zero")}
+    if key.dither != "none":
+        tags.add(f"{key.dither} dither")
+    if key.smoothing != "none":
+        tags.add(SMOOTHING_NAMES.get(key.smoothing, f"{key.smoothing} smoothing"))
+    tags.add(f"{key.rotation} rotation" if key.rotation != "none" else "no rotation")
+    if key.method == "qvg":
+        tags.add(f"{key.qvg_centroids} centroids")
+    return frozenset(tags)
 
 
 def run_details(identity: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -81,6 +107,7 @@ def run_details(identity: Mapping[str, Any] | None) -> dict[str, Any]:
         "smoothing": key.smoothing if quantized else None,
         "qvg_centroids": key.qvg_centroids if quantized and key.method == "qvg" else None,
         "probe_steps": str(identity["probe_steps"]) if identity.get("probe_steps") is not None else None,
+        "tags": setting_tags(identity),
     }
 
 
@@ -188,6 +215,22 @@ def per_prompt_seed(values: pd.Series) -> pd.Series:
     """Per-video values (indexed by VIDEO_KEYS) with a row's replicates averaged: one value per (prompt, seed),
     what a comparison between two rows pairs (their replicates need not match)."""
     return values.groupby(level=["prompt", "seed"]).mean() if len(values) else values
+
+
+CLUSTER = "prompt"  # the independent unit of every interval and test: videos of one prompt share its content
+
+
+def cluster_means(values: pd.Series, prompt: str = CLUSTER, seed: str = "seed") -> pd.Series:
+    """The one clustering rule of every table, claim, diagnostic and figure: per-video values (indexed by
+    VIDEO_KEYS, or by (prompt, seed)) averaged over replicates within each (prompt, seed), then over seeds
+    within each prompt: one value per prompt (the cluster), the unit every interval and sign flip runs over
+    (jensenkv.eval.stats). Seeds and replicates are nested in their prompt, never counted as independent.
+    ``prompt`` / ``seed``: the index levels that name them (a probe table: "prompt_index"; its replicate level
+    is the run id)."""
+    if not len(values):
+        return values
+    per_seed = values.groupby(level=[prompt, seed], sort=True).mean()
+    return per_seed.groupby(level=prompt, sort=True).mean()
 
 
 def full_cache(runs: pd.DataFrame) -> pd.Series:

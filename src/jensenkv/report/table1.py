@@ -7,9 +7,12 @@ every correction (treatment) X that was run, with 95% intervals and paired tests
 Writes ``table1.csv`` (one row per cell = table row x treatment, long form: model, quantizer, label, bits,
 group_size, rotation, rotation_seeds, zero_point, dither, smoothing, qvg_centroids, correction, strength,
 treatment, effective_bits, psnr, ssim, lpips, vbench, content, delta_p_s, ..., ``<metric>_missing_reason`` for
-every metric that could not be computed, ``num_videos``, ``<metric>_ci95_low`` / ``_high``, and on treated
-cells ``delta_<metric>`` / ``p_<metric>``), ``table1.md`` and ``table1.tex`` (rows model x quantizer x
-treatment, cells "none -> X"), ``table1_layers.csv`` (per cell and layer: the probes' means, error-model
+every metric that could not be computed, ``num_videos``, ``num_clusters`` (prompts: the independent units),
+``<metric>_ci95_low`` / ``_high`` (Student-t over prompts), and on treated cells ``delta_<metric>`` /
+``p_<metric>`` (exact sign flip over prompts, raw) / ``delta_<metric>_mde`` (the smallest effect detected at
+80% power)), ``table1.md`` and ``table1.tex`` (rows model x quantizer x treatment, cells "none -> X"),
+``table1_videos.csv`` (one row per run, prompt, seed and replicate with every per-video metric: what every cell
+is computed from), ``table1_layers.csv`` (per cell and layer: the probes' means, error-model
 diagnostics em_* included; jensenkv.report.layers) and the figures under ``<out>/figures/``.
 
 Rows and treatments come from the runs' identities (``jensenkv.report.rows``): every quantizer setting is a row
@@ -39,17 +42,18 @@ from jensenkv.report.intervals import add_intervals
 from jensenkv.report.layers import cell_probes, layer_means
 from jensenkv.report.rows import (BASELINE, QUANTIZER_ORDER, REASON_SOURCE, RUN_SEPARATOR, VIDEO_METRICS,
                                   attach_details, bits_label, by_replicate, full_cache, present, quantizer_label,
-                                  video_metrics)
+                                  run_ids_of, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.tracking import atomic_write, load_results, portable
 
 CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
                "dither", "smoothing", "qvg_centroids", "correction", "strength", "treatment", "effective_bits",
-               "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_median", "jsd", "num_prompts",
-               "num_runs", "vbench_dimensions_used", "run_id")
+               "psnr", "ssim", "lpips", "vbench", "content", "delta_p_s", "delta_p_s_abs", "delta_p_s_median", "jsd",
+               "num_prompts", "num_runs", "vbench_dimensions_used", "run_id")
 # Run-level numbers a pooled cell averages over its runs (weighted by videos); renamed to their CSV names.
 POOLED = {"effective_bits": "effective_bits", "psnr": "psnr", "ssim": "ssim", "lpips": "lpips", "vbench": "vbench",
-          "content": "content", "delta_p_s_mean": "delta_p_s", "delta_p_s_median": "delta_p_s_median",
+          "content": "content", "delta_p_s_mean": "delta_p_s", "delta_p_s_abs_mean": "delta_p_s_abs",
+          "delta_p_s_median": "delta_p_s_median",
           "jsd_mean": "jsd"}
 GRID_TAG_ORDER = {"min_aligned": 1, "fixed_point": 2, "dither": 3, "channel_mean": 4}  # QuantConfig.label's tags
 DIGITS = {"psnr": 2, "ssim": 3, "lpips": 3, "vbench": 2, "content": 2, "delta_p_s": 4}
@@ -178,8 +182,18 @@ def long_table(runs: pd.DataFrame, results_dir: Path | None = None) -> pd.DataFr
     return table[list(CSV_COLUMNS) + reasons + extra].reset_index(drop=True)
 
 
+def fmt_signed(value: float, digits: int, signed: bool = True) -> str:
+    """``value`` to ``digits`` decimals ("+" shown when ``signed``), or to 2 significant digits when those
+    decimals would print a nonzero value as 0: the sign of a bound stays visible ("+0.00034", not "+0.00")."""
+    sign = "+" if signed else ""
+    text = f"{value:{sign}.{digits}f}"
+    if value != 0 and math.isfinite(value) and float(text) == 0:
+        text = f"{value:{sign}.2g}"
+    return text
+
+
 def _fmt(value: object, metric: str) -> str:
-    return f"{float(value):.{DIGITS[metric]}f}" if present(value) else "n/a"
+    return fmt_signed(float(value), DIGITS[metric], False) if present(value) else "n/a"
 
 
 def paper_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -218,8 +232,10 @@ def _paired(fixed: pd.Series | None) -> str:
     if fixed is None or pd.isna(fixed.get("delta_psnr", math.nan)):
         return "n/a"
     low, high = fixed.get("delta_psnr_ci95_low"), fixed.get("delta_psnr_ci95_high")
-    interval = f" [{low:+.2f}, {high:+.2f}]" if pd.notna(low) and pd.notna(high) else ""
-    return f"{fixed['delta_psnr']:+.2f}{interval}, p={fixed['p_psnr']:.2g} (n={int(fixed['num_videos'])})"
+    d = DIGITS["psnr"]
+    interval = f" [{fmt_signed(low, d)}, {fmt_signed(high, d)}]" if pd.notna(low) and pd.notna(high) else ""
+    return (f"{fmt_signed(fixed['delta_psnr'], d)}{interval}, p={fixed['p_psnr']:.2g} "
+            f"(n={int(fixed['num_clusters'])} prompts / {int(fixed['num_videos'])} videos)")
 
 
 def missing_notes(table: pd.DataFrame) -> list[str]:
@@ -240,18 +256,22 @@ def measurement_notes(table: pd.DataFrame) -> list[str]:
     """What each cell averages over: videos, pooled replicates (rotation seeds), the probed denoising steps."""
     notes = []
     if "num_videos" in table.columns and len(table):
-        counts = sorted({int(n) for n in table["num_videos"]})
-        notes.append("each cell: mean over its videos (n = prompts x seeds, x rotation seeds where pooled; n = "
-                     + "/".join(str(c) for c in counts) + ") with a 95% bootstrap interval in table1.csv; "
-                     + PAIRED_HEADER + ": treated - none, paired video by video (prompt, seed, rotation seed), "
-                     "bootstrap interval, sign-flip p")
+        counts = sorted({(int(c), int(n)) for c, n in zip(table["num_clusters"], table["num_videos"])})
+        notes.append("each cell: mean over its videos (prompts x seeds, x replicates where pooled: "
+                     + ", ".join(f"{c} prompts / {n} videos" for c, n in counts) + "); its 95% interval in "
+                     "table1.csv and every test are over prompts, the independent units (replicates averaged within "
+                     "(prompt, seed), seeds within the prompt: Student-t interval, exact sign-flip p); "
+                     + PAIRED_HEADER + ": treated - none, paired video by video (prompt, seed, replicate), then "
+                     "averaged per prompt; raw p (the claims report adjusts for multiplicity); per-video values in "
+                     "table1_videos.csv")
     pooled = table[table["num_runs"].fillna(1) > 1] if "num_runs" in table.columns else table.iloc[0:0]
     for label, seeds in dict(zip(pooled["label"], pooled["rotation_seeds"])).items():
         what = f"rotation seeds {seeds}" if isinstance(seeds, str) else "runs differing only in seed fields"
         notes.append(f"{label}: {what} pooled into one row")
     steps = table["probe_steps"].dropna().unique() if "probe_steps" in table.columns else []
     for probed in steps:
-        notes.append(f"dP_S (P_S quantized - P_S BF16, attention mass on the cache): mean over probes on "
+        notes.append(f"dP_S (attention mass on the cache: P_S with the quantized cache - P_S of the same call with "
+                     f"the run's own cache in full precision): mean over probes on "
                      f"denoising steps {probed} only (every layer, chunk, branch and video)")
     return notes
 
@@ -302,6 +322,7 @@ class Table1:
     selection: Selection
     correction: str
     missing_rows: list[str] = field(default_factory=list)
+    videos: pd.DataFrame = field(default_factory=pd.DataFrame)  # per_video_table: what every cell is computed from
 
     @property
     def complete(self) -> bool:
@@ -364,10 +385,34 @@ def build_table1(results_dir: str | Path = "results", group_size: int = 32, corr
                                 "`python -m jensenkv.run -m experiment=table1` first")
     selection = choose_runs(runs, group_size, None, results_dir)
     table = long_table(selection.runs, results_dir)
-    table = add_intervals(table, video_metrics(results_dir, table["run_id"]), ROW, BASELINE)
+    videos = video_metrics(results_dir, table["run_id"])
+    table = add_intervals(table, videos, ROW, BASELINE)
     notes = measurement_notes(table) + missing_notes(table)
     return Table1(table, paper_table(table), notes, selection, correction,
-                  table1_gaps(table, correction, selection.runs))
+                  table1_gaps(table, correction, selection.runs), per_video_table(table, videos, selection.runs))
+
+
+VIDEO_COLUMNS = ("model", "label", "bits", "treatment", "run_id", "prompt", "seed", "replicate", "rotation_seed",
+                 *VIDEO_METRICS)
+
+
+def per_video_table(table: pd.DataFrame, videos: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """table1_videos.csv: one row per (run, prompt, seed, replicate) of every cell of ``table`` with every
+    per-video metric, in the table's order: anyone can recompute a cell (its mean, its prompt means, its
+    paired difference) from it. ``replicate`` is the digest of the run's seed fields (rotation, dither, ...)."""
+    per_run = pd.DataFrame([{"run_id": run_id, "cell": cell, "model": row["model"], "label": row["label"],
+                             "bits": bits_label(row), "treatment": row["treatment"]}
+                            for cell, (_, row) in enumerate(table.iterrows()) for run_id in run_ids_of(row["run_id"])])
+    if videos.empty or per_run.empty:
+        return pd.DataFrame(columns=list(VIDEO_COLUMNS))
+    seeds = runs.drop_duplicates("run_id").set_index("run_id")["rotation_seed"] if "rotation_seed" in runs else {}
+    out = videos.merge(per_run, on="run_id", how="inner")
+    out["rotation_seed"] = pd.to_numeric(out["run_id"].map(seeds), errors="coerce").astype("Int64")
+    for col in VIDEO_COLUMNS:
+        if col not in out.columns:
+            out[col] = math.nan
+    out = out.sort_values(["cell", "prompt", "seed", "rotation_seed", "replicate"], kind="stable")
+    return out[list(VIDEO_COLUMNS)].reset_index(drop=True)
 
 
 def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None = None, group_size: int = 32,
@@ -388,6 +433,7 @@ def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None
         "csv": str(atomic_write(out / "table1.csv", lambda f: table.to_csv(f, index=False), mode="w")),
         "md": str(atomic_write(out / "table1.md", lambda f: f.write(to_markdown(paper, notes)), mode="w")),
         "tex": str(atomic_write(out / "table1.tex", lambda f: f.write(to_latex(paper, notes)), mode="w")),
+        "videos": str(atomic_write(out / "table1_videos.csv", lambda f: t1.videos.to_csv(f, index=False), mode="w")),
     }
     layers = layer_means(t1.table, results_dir)  # per-layer probe means (em_* diagnostics) of every cell
     written["layers"] = str(atomic_write(out / "table1_layers.csv", lambda f: layers.to_csv(f, index=False), mode="w"))

@@ -19,6 +19,7 @@ from jensenkv.run.spec import RunSpec
 
 log = logging.getLogger("jensenkv.run")
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
+VIDEO_METRICS = {"psnr", "ssim", "lpips", "vbench", "attention", "content"}  # scored on the generated video
 
 
 class NonFiniteVideoError(ValueError):
@@ -144,6 +145,7 @@ class Runner:
         self.run_id = spec.run_id
         self.run_dir = self.store.run_dir(self.run_id)
         self._adapter = None
+        self._reference_adapter = None  # teacher-forced fidelity's full-precision twin
         self._lpips = None
 
     # lazily built so a finished run never loads the model
@@ -211,6 +213,44 @@ class Runner:
                  "cache_bf16_bytes": sum(c.bf16_nbytes for c in caches) // len(jobs)}
         return [(_to_uint8(r.video), r.probes, r.timings, dict(stats)) for r in results]
 
+    def teacher_forced(self, jobs: list[tuple[str, int]]) -> list[tuple[dict, dict, list[dict]]]:
+        """(metrics, missing, per-chunk rows) of teacher-forced fidelity per (prompt, seed): each chunk read with
+        the BF16 run's own history, the run's cache against the full-precision one (``jensenkv.teacher_forced``);
+        PSNR between the two decoded clean chunks (float frames), mean over chunks >= 1."""
+        import dataclasses
+        import math
+
+        from jensenkv.attention.config import AttentionConfig
+        from jensenkv.eval.fidelity import video_psnr
+        from jensenkv.models import build_adapter
+        from jensenkv.teacher_forced import teacher_forced_chunks
+
+        spec = self.spec
+        if self._reference_adapter is None:
+            self._reference_adapter = build_adapter(spec.model, cache=spec.reference_cache_config(),
+                                                    generation=spec.generation)
+        self._reference_adapter.configure(cache=spec.reference_cache_config(),
+                                          attention=AttentionConfig(backend=spec.attention.backend))
+        plain = dataclasses.replace(spec.attention, probes=False, diagnostics=False, head_moments=False)
+        self.adapter.configure(cache=spec.cache_config(keep_reference=False), attention=plain)
+        out = []
+        for prompt, seed in jobs:
+            chunks = teacher_forced_chunks(self.adapter, self._reference_adapter, prompt, seed)
+            rows = [{"chunk": c.chunk, "psnr": video_psnr(c.video.clamp(0, 1), c.reference.clamp(0, 1)),
+                     "rel_err": c.rel_err, "latent_rel_err": c.latent_rel_err} for c in chunks]
+            if not rows:
+                out.append(({}, {"teacher_forced": "one chunk: no chunk reads a cache"}, rows))
+                continue
+            metrics = {f"tf_{k}": sum(r[k] for r in rows) / len(rows) for k in ("rel_err", "latent_rel_err")}
+            finite = [r["psnr"] for r in rows if math.isfinite(r["psnr"])]
+            missing = {}
+            if len(finite) == len(rows):
+                metrics["tf_psnr"] = sum(finite) / len(finite)
+            else:
+                missing["tf_psnr"] = "a chunk identical to its full-precision twin (PSNR is infinite)"
+            out.append((metrics, missing, rows))
+        return out
+
     def lpips(self):
         from jensenkv.eval.fidelity import LpipsScorer
 
@@ -239,19 +279,26 @@ class Runner:
         spec = self.spec
         jobs = [(prompt, seed) for _, prompt, seed in batch]
         try:
-            references = self.references(jobs)
-            generated = [(ref, None, {}, {}) for _, ref in references] if spec.is_reference else self.generate(jobs)
+            if VIDEO_METRICS & set(spec.eval.metrics) or spec.eval.save_videos:
+                references = self.references(jobs)
+                generated = [(ref, None, {}, {}) for _, ref in references] if spec.is_reference else self.generate(jobs)
+            else:  # teacher-forced fidelity alone regenerates what it compares: no video, no reference needed
+                references, generated = [(None, None)] * len(jobs), [(None, None, {}, {})] * len(jobs)
         except torch.cuda.OutOfMemoryError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise BatchMemoryError(f"generation.batch_size={spec.generation.batch_size}: a batch of {len(batch)} "
                                    f"videos does not fit on {spec.model.device} ({first}); use "
                                    f"generation.batch_size={max(1, len(batch) // 2)}") from None
-        for (index, prompt, seed), (ref_id, ref), made in zip(batch, references, generated):
-            self.score(index, prompt, seed, ref_id, ref, *made)
+        forced = self.teacher_forced(jobs) if "teacher_forced" in spec.eval.metrics and not spec.is_reference \
+            else [None] * len(jobs)
+        for (index, prompt, seed), (ref_id, ref), made, tf in zip(batch, references, generated, forced):
+            self.score(index, prompt, seed, ref_id, ref, *made, **({} if tf is None else {"teacher_forced": tf}))
 
     def score(self, index: int, prompt: str, seed: int, ref_id: str, ref: Any, video: Any,
-              probes: list[dict] | None, timings: dict, stats: dict) -> dict:
-        """Score one video against its reference, save its mp4, write its result atomically and return it."""
+              probes: list[dict] | None, timings: dict, stats: dict,
+              teacher_forced: tuple[dict, dict, list[dict]] | None = None) -> dict:
+        """Score one video against its reference, save its mp4, write its result atomically and return it
+        (``teacher_forced``: ``Runner.teacher_forced``'s entry for it, when the metric is on)."""
         from jensenkv.eval.attention import probe_frame, summarize_probes
         from jensenkv.eval.fidelity import lpips_availability, video_psnr, video_ssim
         from jensenkv.tracking import atomic_write_json
@@ -264,7 +311,7 @@ class Runner:
             for m in ("psnr", "ssim", "lpips", "attention"):
                 if m in spec.eval.metrics:
                     missing[m] = "BF16 run: it is its own reference"
-        else:
+        elif video is not None:
             x, y = video.float() / 255, ref.float() / 255  # (F, C, H, W) in [0, 1]
             if "psnr" in spec.eval.metrics:
                 psnr = video_psnr(x, y)
@@ -287,6 +334,13 @@ class Runner:
                     atomic_write_json(path.with_suffix(".attention.json"), frame.to_dict(orient="list"))
                 else:
                     missing["attention"] = "the generator recorded no probes (a single chunk has no cache)"
+        if spec.is_reference and "teacher_forced" in spec.eval.metrics:
+            missing["teacher_forced"] = "BF16 run: it is its own reference"
+        extra = {}
+        if teacher_forced is not None:
+            tf_metrics, tf_missing, extra["teacher_forced"] = teacher_forced
+            metrics.update(tf_metrics)
+            missing.update(tf_missing)
         if "content" in spec.eval.metrics:
             self.score_content(prompt, video, metrics, missing)
         video_file = None
@@ -294,7 +348,7 @@ class Runner:
             video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.eval.fps,
                                   tmp_dir=self.store.tmp_dir(self.run_id)).name
         result = {"index": index, "prompt": prompt, "seed": seed, "reference_id": ref_id, "video": video_file,
-                  "metrics": metrics, "missing": missing, "timings": timings, **stats}
+                  "metrics": metrics, "missing": missing, "timings": timings, **stats, **extra}
         atomic_write_json(path, result)
         return result
 
