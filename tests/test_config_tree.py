@@ -112,9 +112,18 @@ def test_unknown_kind_names_the_registered_families():
         family("nope")
 
 
-def test_a_family_refuses_a_backend_it_cannot_use():
+def test_a_family_refuses_a_backend_it_cannot_use(monkeypatch):
+    """Every family runs every backend today (MAGI-1's GQA caches feed the Triton kernel their stored KV heads),
+    so the refusal path is kept tested on MAGI-1 marked as unable: one line, when the tree is built, naming
+    attention.backend, the value, the reason and the backends the family allows."""
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
-    with pytest.raises(ValueError, match=r"attention.backend='triton' is not allowed: model.kind=magi cannot use it"):
+    assert not any(fam.refused_backends for fam in FAMILIES.values())
+    for backend in ("triton", "cached", "flex", "reference"):
+        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
+                  attention=AttentionConfig(backend=backend))
+    monkeypatch.setattr(type(family("magi")), "refused_backends", {"triton": "a reason"})
+    with pytest.raises(ValueError, match=r"^attention.backend='triton' is not allowed: model.kind=magi cannot use it "
+                                         r"\(a reason\); it allows \('cached', 'reference', 'flex'\)$"):
         RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
                   attention=AttentionConfig(backend="triton"))
 

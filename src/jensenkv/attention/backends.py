@@ -28,6 +28,16 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
 }
 
 
+# Backends that take GQA inputs as stored: k_cur / v_cur and the cached segments with their KV heads
+# (B, Hkv, ...), query head h reading KV head h // (Hq / Hkv). The others get them expanded to the query heads.
+KV_HEAD_BACKENDS = frozenset({"triton"})
+
+
+def reads_kv_heads(name: str) -> bool:
+    """Whether backend ``name`` reads grouped-query KV heads as stored (no expanded copy per call)."""
+    return name in KV_HEAD_BACKENDS
+
+
 def get_backend(name: str) -> AttentionFn:
     """The kernel registered as ``name``; ValueError naming the registered ones otherwise."""
     try:

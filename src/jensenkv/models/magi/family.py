@@ -41,8 +41,6 @@ class MagiFamily(ModelFamily):
     # machine: 11.3 at 16, 12.0 at 24, 11.9 at 32, so 24-32 is the plateau
     cpu_batch_size = 32
     extra_chunks_in_flight = 1  # the finished chunk re-run at clean_t in the next tick's forward
-    refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
-                                  "form the Triton kernel reads; use cached, reference or flex"}
 
     def check(self, model: Any) -> None:
         CheckpointNode.check(model)
