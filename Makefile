@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean \
-	gpu-wheels gpu-check gpu-check-dry-run
+	gpu-wheels gpu-check gpu-check-dry-run memory-headline
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
 
 bench: setup ## benchmarks -> results/bench.csv and results/bench.md
 	$(PY) scripts/bench.py
+
+memory-headline: setup ## latent frames of SkyReels-V2-1.3B's cache a 4 / 8 GiB budget holds per quantizer -> results/memory_headline.{csv,md} and figure (~20 min, 10 GiB RAM)
+	MALLOC_MMAP_THRESHOLD_=131072 OMP_NUM_THREADS=1 $(PY) -m jensenkv.bench.memory_headline
 
 # The GPU check (README "GPU check"). gpu-wheels runs here (it needs the registry); gpu-check runs on the CUDA
 # machine with its own python3 (no .venv, no registry): it installs .whl/ into $(GPU_SITE) and runs the checks.
