@@ -174,3 +174,23 @@ def test_cli_refuses_unknown_groups_and_a_zero_budget():
         main(["--groups", "nope"])
     with pytest.raises(SystemExit):
         main(["--budget", "0"])
+
+
+def test_each_group_gets_its_share_and_what_earlier_groups_left(tmp_path, monkeypatch):
+    """A group's timeout ends where its share ends (a hung group cannot eat the next ones' time); time a group
+    leaves unused passes to the next."""
+    import jensenkv.bench.gpu_check as gpu_check
+
+    timeouts: dict[str, float] = {}
+
+    def fake(name, rows_path, dry_run, timeout):
+        timeouts[name] = timeout
+        return [gpu_check._row(name, "x", "measured")]
+
+    monkeypatch.setattr(gpu_check, "run_group", fake)
+    monkeypatch.setattr(gpu_check, "SHARES", {"environment": 0.5, "oracle": 0.25, "kernel": 0.25})
+    frame = run_all(("environment", "oracle", "kernel"), tmp_path, True, budget=100.0, log=lambda _: None)
+    assert list(frame.check) == ["environment", "oracle", "kernel"]
+    # each fake group returned at once: its unused time passed on, so the last one may use all that is left
+    assert timeouts["environment"] == pytest.approx(50, abs=1) and timeouts["oracle"] == pytest.approx(75, abs=1)
+    assert timeouts["kernel"] == pytest.approx(100, abs=1)

@@ -28,6 +28,9 @@ from jensenkv.tracking import atomic_write
 COLUMNS = ("check", "case", "status", "value", "unit", "target", "detail", "seconds")
 STATUSES = ("passed", "failed", "met", "missed", "measured", "skipped")
 GROUP_ORDER = ("environment", "pytest", "oracle", "kernel", "generation")
+# each group's share of the budget: a group may use its share plus what the groups before it left unused, so
+# a slow compile in one cannot starve the ones after it
+SHARES = {"environment": 0.05, "pytest": 0.15, "oracle": 0.27, "kernel": 0.27, "generation": 0.26}
 DEFAULT_BUDGET_S = 450.0  # of the 8 minutes: the rest for start-up, the report and the margin
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -61,15 +64,20 @@ def run_group(name: str, rows_path: Path, dry_run: bool, timeout: float) -> list
 
 def run_all(groups: tuple[str, ...], work_dir: Path, dry_run: bool, budget: float,
             log=lambda msg: print(msg, flush=True)) -> pd.DataFrame:
-    """Every group in turn within ``budget`` seconds; a group with under 5 s left is skipped."""
-    deadline = time.time() + budget
+    """Every group in turn within ``budget`` seconds, each until its share's end (``SHARES``, over the groups
+    run; time a group leaves unused passes to the next); a group with under 5 s left is skipped."""
+    start = time.time()
+    deadline = start + budget
+    total = sum(SHARES.get(name, 1.0 / len(GROUP_ORDER)) for name in groups)
+    share_end = start
     rows: list[dict] = []
     for name in groups:
-        left = deadline - time.time()
+        share_end += budget * SHARES.get(name, 1.0 / len(GROUP_ORDER)) / total
+        left = min(share_end, deadline) - time.time()
         if left < 5.0:
             rows.append(_row(name, f"{name} (process)", "skipped", "time budget spent before this group"))
             continue
-        log(f"[gpu-check {time.strftime('%H:%M:%S')}] {name} ({left:.0f} s left)")
+        log(f"[gpu-check {time.strftime('%H:%M:%S')}] {name} ({left:.0f} s of {deadline - time.time():.0f} s left)")
         got = run_group(name, work_dir / f"{name}.jsonl", dry_run, left)
         rows += got
         failed = sum(r["status"] in ("failed", "missed") for r in got)
