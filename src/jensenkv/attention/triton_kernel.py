@@ -58,6 +58,7 @@ from jensenkv.correction import (
 )
 from jensenkv.quant.config import fixed_point_frac_bits
 from jensenkv.quant.rtn import RTNTensor, zero_offset
+from jensenkv.quant.store import back_to_back
 from jensenkv.quant.tensors import FullPrecisionTensor
 
 BIAS_NONE, BIAS_TAYLOR, BIAS_EXACT = 0, 1, 2  # as in _triton_device
@@ -146,25 +147,6 @@ class _Packed:
 def _layout_key(t: RTNTensor) -> tuple:
     zero = None if t.zero is None else (t.zero.dtype, t.zero_point)
     return (t.bits, t.layout.granularity, t.layout.group_size, t.step.dtype, zero, id(t.rotation))
-
-
-def back_to_back(parts: list[torch.Tensor], dim: int) -> torch.Tensor | None:
-    """One strided view over tensors that lie one after another along ``dim`` in one buffer (consecutive
-    chunks of a cache's store), or None when they do not (the caller concatenates)."""
-    first = parts[0]
-    if len(parts) == 1:
-        return first
-    storage = first.untyped_storage().data_ptr()
-    offset = first.storage_offset() + first.shape[dim] * first.stride(dim)
-    for part in parts[1:]:
-        if (part.untyped_storage().data_ptr() != storage or part.stride() != first.stride()
-                or part.shape[:dim] != first.shape[:dim] or part.shape[dim + 1:] != first.shape[dim + 1:]
-                or part.storage_offset() != offset):
-            return None
-        offset += part.shape[dim] * part.stride(dim)
-    size = list(first.shape)
-    size[dim] = sum(part.shape[dim] for part in parts)
-    return first.as_strided(size, first.stride(), first.storage_offset())
 
 
 def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:

@@ -120,7 +120,7 @@ class ChunkStore:
         in place: views handed out earlier keep reading what they were given."""
         live_t, live_r = self._hi[0] - self._lo[0], self._hi[1] - self._lo[1]
         new_t = max(2 * (live_t + tokens), self._reserved, _MIN_CAPACITY)
-        new_r = max(2 * (live_r + rows), -(-new_t * rows // max(tokens, 1)) + 1) if rows else 0
+        new_r = max(2 * (live_r + rows), -(-new_t * rows // max(tokens, 1))) if rows else 0
         fresh = {}
         for name, source, axis in self._parts(t):
             fresh[name] = source.new_empty(*source.shape[:2], new_t if axis == "token" else new_r, source.shape[3])
@@ -157,3 +157,22 @@ class ChunkStore:
             t.zero = self._buffers["zero"][:, :, start_r:start_r + rows]
         if "rows" in self._buffers:
             t.stat_rows = self._buffers["rows"][start_t:start_t + tokens]  # (S,) int32, absolute rows
+
+
+def back_to_back(parts: list[torch.Tensor], dim: int) -> torch.Tensor | None:
+    """One strided view over tensors that lie one after another along ``dim`` in one buffer (consecutive
+    chunks of a cache's store), or None when they do not (the caller concatenates)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    storage = first.untyped_storage().data_ptr()
+    offset = first.storage_offset() + first.shape[dim] * first.stride(dim)
+    for part in parts[1:]:
+        if (part.untyped_storage().data_ptr() != storage or part.stride() != first.stride()
+                or part.shape[:dim] != first.shape[:dim] or part.shape[dim + 1:] != first.shape[dim + 1:]
+                or part.storage_offset() != offset):
+            return None
+        offset += part.shape[dim] * part.stride(dim)
+    size = list(first.shape)
+    size[dim] = sum(part.shape[dim] for part in parts)
+    return first.as_strided(size, first.stride(), first.storage_offset())
