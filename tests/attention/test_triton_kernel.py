@@ -207,13 +207,14 @@ def test_triton_head_strengths_equal_a_loop_of_float_strengths(correction: str, 
 
 
 # The issue's shapes scaled down (head dim 128 kept, fewer heads and tokens, odd lengths): SkyReels-V2 (12 x 128
-# heads: 2 here, INT2 g32, a sink and a 2-chunk window that has evicted a chunk), MAGI-1 (24q/8kv GQA: 6q/2kv,
+# heads: 2 here, INT2 g32, a BF16 sink and a 2-chunk window that has evicted a chunk), MAGI-1 (24q/8kv GQA: 6q/2kv,
 # INT2 g32 with float8 steps, a kv-range limit of 2 chunks), WorldPlay (16 x 128: 4, INT4 g32, min-aligned
 # zeros), and INT8. Keys carry one outlier channel per 32-channel group, where the queries are 0: the steps are
 # wide while the scores stay moderate, so the bias moves the output by 5-50% (dropping it fails every case).
 PAPER_D = 128
 PAPER_CASES = {
-    "skyreels-int2": dict(heads=(2, 2), quant=QuantConfig(bits=2, group_size=32), lengths=(37, 29, 21), sinks=1,
+    "skyreels-int2": dict(heads=(2, 2), quant=QuantConfig(bits=2, group_size=32, store_dtype="bfloat16"),
+                          lengths=(37, 29, 21), sinks=1,
                           window=2, limit=None, amp=2.5),
     "magi-int2-fp8-gqa": dict(heads=(6, 2), quant=QuantConfig(bits=2, group_size=32, scale_dtype="float8_e4m3fn"),
                               lengths=(24, 24, 17), sinks=0, window=None, limit=2, amp=2.5),
@@ -323,3 +324,22 @@ def test_triton_exact_with_tiles_beyond_the_series_range_at_the_papers_shapes(ca
     expected = oracle(q, k, v, segments, "exact", strength=0.9)
     assert relative_error(triton_cached_attention(q, k, v, segments, "exact", strength=0.9), expected) <= 1e-5
     assert relative_error(oracle(q, k, v, segments, "none"), expected) > 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+@pytest.mark.parametrize("case", list(PAPER_CASES))
+def test_triton_bf16_tensor_core_path_on_a_gpu(case: str, correction: str) -> None:
+    """BF16 queries and current chunk: the autotuned kernel with BF16 tensor-core dots against the float64
+    oracle of the same inputs (BF16 rounding of the dequantized keys and the weights: 2e-2), and with float32
+    operands (IEEE dots; the output is still rounded to BF16: 1e-2). The bias still matters at that tolerance (control)."""
+    q, k, v, segments = paper_case(case, "cuda")
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    expected = oracle(q, k, v, segments, correction, strength=0.9)
+    tuned = triton_cached_attention(q, k, v, segments, correction, strength=0.9)
+    assert tuned.dtype == torch.bfloat16 and relative_error(tuned, expected) <= 2e-2
+    exact_dots = triton_cached_attention(q, k, v, segments, correction, strength=0.9, operands="float32")
+    assert relative_error(exact_dots, expected) <= 1e-2  # the output itself is rounded to BF16
+    if correction != "none":
+        assert relative_error(oracle(q, k, v, segments, "none"), expected) > 4e-2

@@ -363,9 +363,8 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
             head_strength = (strength if isinstance(strength, torch.Tensor)
                              else torch.full((heads_q,), float(strength), dtype=torch.float32, device=device))
         n = kp.codes.shape[2]
-        unroll_groups = kp.groups
-        if unroll_groups > _MIN_DOT and unroll_groups & (unroll_groups - 1):
-            raise ValueError(f"{unroll_groups} step groups per key are not allowed for backend=triton: "
+        if kp.groups & (kp.groups - 1):  # tl.arange over the groups (D / g with D a power of two: always)
+            raise ValueError(f"{kp.groups} step groups per key are not allowed for backend=triton: "
                              "use a power of two")
     else:
         kp = vp = None
