@@ -69,7 +69,8 @@ _MIN_DOT = 16  # tensor-core dots need every dimension >= 16: the bias columns a
 _LOG2E = 1.0 / math.log(2.0)
 _INTERPRETED_BLOCKS = (16, 16)  # (BLOCK_M, BLOCK_N) under TRITON_INTERPRET when none is given
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner on a GPU, per TUNE_KEY
-TUNE_CONFIGS = ((128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2), (128, 128, 8, 2))
+# (spill-free at head dims 64 and 128 on sm_90: python -m jensenkv.attention.triton_aot)
+TUNE_CONFIGS = ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2))
 TUNE_KEY = ("DIM", "DV", "GROUP", "KBITS", "VBITS", "KG", "BIAS", "TERMS", "DOT")
 _KERNELS: dict[tuple[bool, bool], object] = {}
 _CONSTANTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
@@ -328,6 +329,34 @@ def triton_cached_attention(
     return out.to(q.dtype)  # (B, Hq, Q, Dv)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What the kernel is compiled for about one packed operand (K or V)."""
+
+    bits: int = 8
+    groups: int = 1
+    zero_kind: int = 0  # as _Packed.zero_kind
+    zero_offset: float = 0.0
+    zero_scale: float = 1.0
+    rows: bool = False  # a per-token stat-row table (per-channel layouts)
+
+
+def _layout(p: _Packed | None) -> Layout:
+    if p is None:
+        return Layout()
+    return Layout(p.bits, p.groups, p.zero_kind, p.zero_offset, p.zero_scale, p.rows is not None)
+
+
+def kernel_constants(dim: int, dv: int, group: int, k: Layout, v: Layout, bias: int, terms: int, dot: int,
+                     v_rotated: bool) -> dict:
+    """The kernel's compile-time arguments (one compiled kernel per distinct dict; block sizes apart)."""
+    return dict(DIM=dim, DV=dv, GROUP=group,
+                KBITS=k.bits, KG=k.groups, KZKIND=k.zero_kind, KZOFF=k.zero_offset, KZSCALE=k.zero_scale, KROWS=k.rows,
+                VBITS=v.bits, VG=v.groups, VZKIND=v.zero_kind, VZOFF=v.zero_offset, VZSCALE=v.zero_scale, VROWS=v.rows,
+                BIAS=bias, TERMS=terms, SMALL_TERMS=_SMALL_TERMS, GP=max(_MIN_DOT, k.groups), DOT=dot,
+                V_ROT=v_rotated)
+
+
 def _strides(t: torch.Tensor | None, dims: int = 3) -> tuple[int, ...]:
     return (0,) * dims if t is None else tuple(t.stride()[:dims])
 
@@ -382,25 +411,16 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
         return [p.codes, *_strides(p.codes), p.step, *_strides(p.step),
                 p.zero if p.zero is not None else dummy_f, p.rows if p.rows is not None else dummy_i]
 
-    def layout_constants(p: _Packed | None, prefix: str) -> dict:
-        if p is None:
-            return {f"{prefix}BITS": 8, f"{prefix}G": 1, f"{prefix}ZKIND": 0, f"{prefix}ZOFF": 0.0,
-                    f"{prefix}ZSCALE": 1.0, f"{prefix}ROWS": False}
-        return {f"{prefix}BITS": p.bits, f"{prefix}G": p.groups, f"{prefix}ZKIND": p.zero_kind,
-                f"{prefix}ZOFF": p.zero_offset, f"{prefix}ZSCALE": p.zero_scale, f"{prefix}ROWS": p.rows is not None}
-
     def full_args(t: torch.Tensor | None) -> list:
         return [t if t is not None else dummy_f, *_strides(t)]
 
-    kg = kp.groups if kp is not None else 1
     args = [q, *_strides(q), qr, *_strides(qr), qb, qb.shape[-1] if qb.ndim == 4 else 1, q_max,
             *packed_args(kp), *packed_args(vp), n,
             *full_args(kf), *full_args(vf), kf.shape[2] if kf is not None else 0,
             *full_args(kx), *full_args(vx), kx.shape[2] if kx is not None else 0,
             coef, head_strength, out_q, out_f, lse, heads_q, n_q, scale * _LOG2E, 0.5 * scale]
-    constants = dict(DIM=dim, DV=dv, GROUP=heads_q // heads_kv, **layout_constants(kp, "K"),
-                     **layout_constants(vp, "V"), BIAS=bias_mode, TERMS=terms, SMALL_TERMS=_SMALL_TERMS,
-                     GP=max(_MIN_DOT, kg), DOT=dot, V_ROT=v_rotation is not None)
+    constants = kernel_constants(dim, dv, heads_q // heads_kv, _layout(kp), _layout(vp), bias_mode, terms, dot,
+                                 v_rotation is not None)
     block_m, block_n = blocks
     if block_m is None and block_n is None and not _interpret():
         grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads_q)  # noqa: E731
