@@ -87,7 +87,7 @@ def test_gpu_check_full_dry_run(tmp_path):
     assert set(frame.check) == set(GROUP_ORDER)
     failed = frame[frame.status == "failed"]
     assert failed.empty, failed[["check", "case", "detail"]].to_string()
-    tests = frame[(frame.check == "pytest") & (frame.case != "pytest -m gpu")]
+    tests = frame[(frame.check == "pytest") & (frame.unit == "s")]
     assert not tests.empty and (tests.status == ("passed" if torch.cuda.is_available() else "skipped")).all()
 
 

@@ -30,7 +30,7 @@ STATUSES = ("passed", "failed", "met", "missed", "measured", "skipped")
 GROUP_ORDER = ("environment", "pytest", "oracle", "kernel", "generation")
 # each group's share of the budget: a group may use its share plus what the groups before it left unused, so
 # a slow compile in one cannot starve the ones after it
-SHARES = {"environment": 0.05, "pytest": 0.15, "oracle": 0.27, "kernel": 0.27, "generation": 0.26}
+SHARES = {"environment": 0.05, "pytest": 0.2, "oracle": 0.25, "kernel": 0.25, "generation": 0.25}
 DEFAULT_BUDGET_S = 450.0  # of the 8 minutes: the rest for start-up, the report and the margin
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -450,8 +450,8 @@ def gpu_test_files(tests_dir: Path) -> list[Path]:
 
 
 def pytest_gpu(ctx: CheckContext) -> None:
-    """``pytest -m gpu`` in a child process (its own timeout: what is left of the budget); one row per test
-    from its JUnit XML, plus one row for the run itself."""
+    """``pytest -m gpu``, one child process per test file (its timeout: what is left of the group's time, so a
+    slow file costs its own rows only); one row per test from its JUnit XML, plus one row per file."""
     import os
     import subprocess
     import sys
@@ -464,28 +464,34 @@ def pytest_gpu(ctx: CheckContext) -> None:
         ctx.add("pytest", "pytest -m gpu", "skipped", detail=f"no test file with a gpu-marked test under {tests}")
         return
 
-    def run() -> None:
+    def run(path: Path) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "junit.xml"
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                   f"--junitxml={report}", *map(str, files)], cwd=tests.parent, text=True,
-                                  capture_output=True, timeout=max(1.0, ctx.deadline - time.time()),
-                                  env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
+            try:
+                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                       f"--junitxml={report}", str(path)], cwd=tests.parent, text=True,
+                                      capture_output=True, timeout=max(1.0, ctx.deadline - time.time()),
+                                      env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
+            except subprocess.TimeoutExpired:
+                ctx.add("pytest", str(path.relative_to(tests.parent)), "failed",
+                        detail=f"killed after {time.perf_counter() - started:.0f} s (the group's time budget)",
+                        seconds=time.perf_counter() - started)
+                return
             elapsed = time.perf_counter() - started
-            cases = ET.parse(report).getroot().iter("testcase") if report.is_file() else []
-            for case in cases:
+            for case in (ET.parse(report).getroot().iter("testcase") if report.is_file() else []):
                 name = f"{case.get('classname', '')}::{case.get('name', '')}"
                 outcome = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
                 status = "passed" if outcome is None else ("skipped" if outcome.tag == "skipped" else "failed")
-                detail = "" if outcome is None else (outcome.get("message") or "").splitlines()[0][:300] \
-                    if outcome.get("message") else outcome.tag
-                ctx.add("pytest", name, status, float(case.get("time", "nan")), "s", detail=detail)
+                message = "" if outcome is None else (outcome.get("message") or outcome.tag)
+                ctx.add("pytest", name, status, float(case.get("time", "nan")), "s",
+                        detail=(message.splitlines() or [""])[0][:300])
             tail = (done.stdout.strip().splitlines() or [""])[-1]
-            ctx.add("pytest", "pytest -m gpu", "passed" if done.returncode in (0, 5) else "failed", done.returncode,
-                    "exit code", detail=f"{len(files)} files: {tail}", seconds=elapsed)
+            ctx.add("pytest", str(path.relative_to(tests.parent)), "passed" if done.returncode in (0, 5) else "failed",
+                    done.returncode, "exit code", detail=tail[:300], seconds=elapsed)
 
-    ctx.run("pytest", "pytest -m gpu", run)
+    for path in files:
+        ctx.run("pytest", str(path.relative_to(tests.parent)), lambda path=path: run(path))
 
 
 GROUPS: dict[str, Callable[[CheckContext], None]] = {

@@ -143,6 +143,8 @@ def fill(quant: str, overrides: dict, geometry: Geometry, budget_gib: float, max
         peak = peak_rss() - baseline
         emit({"frames": frame, "peak_growth": peak, "rss_growth": _rss_now() - baseline,
               "stored": sum(c.nbytes for c in caches), "bf16": sum(c.bf16_nbytes for c in caches),
+              # what the layer buffers hold, capacity included (pages never written are not in RSS)
+              "held": sum(getattr(c, "held_nbytes", c.nbytes) for c in caches),
               "workspace": workspace_nbytes()})
         if peak > budget:
             return
