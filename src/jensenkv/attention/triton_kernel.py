@@ -69,8 +69,9 @@ _MIN_DOT = 16  # tensor-core dots need every dimension >= 16: the bias columns a
 _LOG2E = 1.0 / math.log(2.0)
 _INTERPRETED_BLOCKS = (16, 16)  # (BLOCK_M, BLOCK_N) under TRITON_INTERPRET when none is given
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner on a GPU, per TUNE_KEY
-# (spill-free at head dims 64 and 128 on sm_90: python -m jensenkv.attention.triton_aot)
-TUNE_CONFIGS = ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2))
+# (spill-free at head dims 64 and 128 for INT2/4/8 on sm_90: python -m jensenkv.attention.triton_aot; 64 x 64 on 4
+# warps spills at d = 128 with INT4 codes)
+TUNE_CONFIGS = ((128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 2))
 TUNE_KEY = ("DIM", "DV", "GROUP", "KBITS", "VBITS", "KG", "BIAS", "TERMS", "DOT")
 _KERNELS: dict[tuple[bool, bool], object] = {}
 _CONSTANTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
