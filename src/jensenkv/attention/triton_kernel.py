@@ -50,7 +50,6 @@ from jensenkv.attention._inputs import (
 from jensenkv.attention.second_order import refuse_second_order
 from jensenkv.correction import (
     SERIES_MAX_ARG,
-    exact_series_query_columns,
     exact_series_terms,
     log_sinhc_series_coefficients,
     query_group_sq_norms,
@@ -358,6 +357,24 @@ def kernel_constants(dim: int, dv: int, group: int, k: Layout, v: Layout, bias: 
                 V_ROT=v_rotated)
 
 
+def _series_query_columns(qr: torch.Tensor, groups: int, q_max: torch.Tensor, terms: int,
+                          weight: Strength) -> torch.Tensor:
+    """``correction.exact_series_query_columns`` times strength and log2 e, (B, Hq, Q, G*N) float32, built in
+    place: two query-sized float32 temporaries whatever the series length (the shared helper makes one per term)."""
+    batch, heads, n_q, dim = qr.shape
+    r2 = (qr.float() / q_max.clamp_min(torch.finfo(torch.float32).tiny)).square_()  # (B, Hq, Q, D), each in [0, 1]
+    r2 = r2.unflatten(-1, (groups, dim // groups))  # (B, Hq, Q, G, g)
+    power = r2.clone()
+    out = torch.empty(batch, heads, n_q, terms, groups, device=qr.device)  # term-major columns n*G + j
+    for n, a_n in enumerate(log_sinhc_series_coefficients(terms)):
+        torch.sum(power, dim=-1, out=out[:, :, :, n])
+        out[:, :, :, n].mul_(a_n)
+        if n + 1 < terms:
+            power.mul_(r2)
+    out = out.flatten(-2)
+    return out.mul_(weight * _LOG2E) if isinstance(weight, torch.Tensor) else out.mul_(float(weight) * _LOG2E)
+
+
 def _strides(t: torch.Tensor | None, dims: int = 3) -> tuple[int, ...]:
     return (0,) * dims if t is None else tuple(t.stride()[:dims])
 
@@ -389,7 +406,7 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
             bias_mode = BIAS_EXACT
             terms = series_terms_fixed(dim, q.dtype, strength)
             q_max = qr.float().abs().amax()  # () on the device: read by the kernel, never by the host
-            qb = (weight * _LOG2E) * exact_series_query_columns(qr.float(), kp.groups, q_max, terms)  # (B, Hq, Q, G*N)
+            qb = _series_query_columns(qr, kp.groups, q_max, terms, weight)  # (B, Hq, Q, G*N)
             head_strength = (strength if isinstance(strength, torch.Tensor)
                              else torch.full((heads_q,), float(strength), dtype=torch.float32, device=device))
         n = kp.codes.shape[2]
