@@ -13,7 +13,8 @@ Memory: a chunk holds only its stored form (packed codes, steps, zeros, centroid
 sinks), exactly what `nbytes` counts. RTN and full-precision chunks live back to back in per-layer growing
 buffers (``quant.store``: one for the keys, one for the values, two more for the sinks), so the visible
 chunks, or any run of them, are one strided view that the Triton kernel reads in place; `held_nbytes` counts
-what those buffers hold (the stored bytes plus the capacity slack; `reserve` sets the capacity up front). Nothing dequantized is held between attention calls: the fast
+what those buffers hold (the stored bytes plus the capacity slack; `reserve` sets the capacity up front).
+Nothing dequantized is held between attention calls: the fast
 attention paths dequantize the views' stored tensors into one workspace shared by all layers
 (``jensenkv.attention.workspace``), and a view's own `k` / `v` / `steps` are built on first use and
 live only as long as the caller keeps that view. The one documented extra is probe memory: the
