@@ -211,6 +211,24 @@ def _zero_convention(t: RTNTensor) -> tuple[int, float, float]:
     return 1, float(zero_offset(t.zero.dtype, t.bits)), 1.0
 
 
+def storage_refusal(key, value) -> str | None:
+    """Why backend=triton cannot read a cache whose keys and values are quantized by ``key`` / ``value``
+    (QuantConfigs), or None: what ``_check_storage`` would refuse at the first cached call, known from the
+    settings alone (the config checks it before any model loads)."""
+    for name, cfg in (("key", key), ("value", value)):
+        if cfg.method == "none":
+            continue
+        what = (f"quant.method={cfg.method!r}" if cfg.method != "rtn"
+                else f"quant.bits={cfg.bits}" if cfg.bits not in KERNEL_BITS
+                else "quant.dither=subtractive" if cfg.dither != "none"
+                else "quant.smoothing=channel_mean" if cfg.smoothing != "none" else None)
+        if what is not None:
+            return f"it reads RTN codes with bits in {KERNEL_BITS}, no dither and no smoothing, not {what} ({name}s)"
+    if (key.method == "none") != (value.method == "none"):
+        return "it needs keys and values both quantized or both full precision, not cache.values=none"
+    return None
+
+
 def _check_storage(seg: SegmentLike, index: int, name: str):
     stored = getattr(seg, f"stored_{name}", None)
     if stored is None:
