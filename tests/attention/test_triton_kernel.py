@@ -209,8 +209,9 @@ def test_triton_head_strengths_equal_a_loop_of_float_strengths(correction: str, 
 # The shapes scaled down (head dim 128 kept, fewer heads and tokens, odd lengths): SkyReels-V2 (12 x 128
 # heads: 2 here, INT2 g32, a BF16 sink and a 2-chunk window that has evicted a chunk), MAGI-1 (24q/8kv GQA: 6q/2kv,
 # INT2 g32 with float8 steps, a kv-range limit of 2 chunks), WorldPlay (16 x 128: 4, INT4 g32, min-aligned
-# zeros), and INT8. Keys carry one outlier channel per 32-channel group, where the queries are 0: the steps are
-# wide while the scores stay moderate, so the bias moves the output by 5-50% (dropping it fails every case).
+# zeros), INT8, and INT2 keys with BF16 values (cache.values=none). Keys carry one outlier channel per 32-channel
+# group, where the queries are 0: the steps are wide while the scores stay moderate, so the bias moves the output
+# by 5-50% (dropping it fails every case).
 PAPER_D = 128
 PAPER_CASES = {
     "skyreels-int2": dict(heads=(2, 2), quant=QuantConfig(bits=2, group_size=32, store_dtype="bfloat16"),
@@ -223,6 +224,8 @@ PAPER_CASES = {
                            lengths=(33, 31), sinks=1, window=None, limit=None, amp=12.0),
     "int8": dict(heads=(2, 2), quant=QuantConfig(bits=8, group_size=32), lengths=(30, 19), sinks=0, window=None,
                  limit=None, amp=300.0),
+    "values-none": dict(heads=(4, 2), quant=QuantConfig(bits=2, group_size=32), lengths=(19, 26, 11), sinks=1,
+                        window=None, limit=None, amp=2.5, value=QuantConfig(method="none", store_dtype="bfloat16")),
 }
 
 
@@ -231,7 +234,7 @@ def paper_case(name: str, device: str = "cpu", amp: float | None = None, batch: 
     c = PAPER_CASES[name]
     heads_q, heads_kv = c["heads"]
     gen = torch.Generator().manual_seed(seed)
-    cache = ChunkedKVCache(CacheConfig(key=c["quant"], value=c["quant"], sink_chunks=c["sinks"],
+    cache = ChunkedKVCache(CacheConfig(key=c["quant"], value=c.get("value", c["quant"]), sink_chunks=c["sinks"],
                                        window_chunks=c["window"]), head_dim=PAPER_D)
     for n in c["lengths"]:
         k = torch.randn(batch, heads_kv, n, PAPER_D, generator=gen)  # (B, Hkv, S, D)

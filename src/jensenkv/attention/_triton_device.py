@@ -5,7 +5,8 @@ TRITON_INTERPRET setting of the moment it is first used. Every tensor is read th
 of the cache's buffers, of the caller's q / k / v: nothing is copied to feed the kernel):
 Q, QR (B, Hq, M, D) query and the rotated query (quantized keys live in the rotated basis), any float dtype;
 QB (B, Hq, M, NB) float32 bias query columns (contiguous); QMAX () float32 max |QR| (exact series scale);
-KC/VC (B, Hkv, N, D*bits/8) uint8 packed codes (last dim contiguous); KS/KZ, VS/VZ (B, Hkv, R, G) steps and
+KC/VC (B, Hkv, N, D*bits/8) uint8 packed codes (last dim contiguous; VC the (B, Hkv, N, Dv) full-precision
+values when VFULL: cache.values=none); KS/KZ, VS/VZ (B, Hkv, R, G) steps and
 stored zeros in their stored dtypes (float16 / bfloat16 / float32 / float8_e4m3fn steps; zeros as stored),
 with equal strides; KROW/VROW (N,) int32 stat row of each token (only for per-channel KIVI layouts; a token
 layout's row is the token); KF/VF (B, Hkv, NF, D/Dv) cached full-precision keys and values (sinks, BF16
@@ -162,7 +163,7 @@ def cached_attention_kernel(
     KBITS: tl.constexpr, KG: tl.constexpr, KZKIND: tl.constexpr, KZOFF: tl.constexpr, KZSCALE: tl.constexpr,
     KROWS: tl.constexpr,
     VBITS: tl.constexpr, VG: tl.constexpr, VZKIND: tl.constexpr, VZOFF: tl.constexpr, VZSCALE: tl.constexpr,
-    VROWS: tl.constexpr,
+    VROWS: tl.constexpr, VFULL: tl.constexpr,
     BIAS: tl.constexpr, TERMS: tl.constexpr, SMALL_TERMS: tl.constexpr, GP: tl.constexpr,
     DOT: tl.constexpr, V_ROT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -239,9 +240,13 @@ def cached_attention_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + row_sum(p)
-            row_v = stat_rows(VROW, offs_n, mask_n, VROWS)
-            v = load_quantized(VC, VS, VZ, base_vc, base_vs, svc_n, svs_r, row_v, offs_n, mask_n,
-                               VBITS, VG, DV, VZKIND, VZOFF, VZSCALE, BLOCK_N)  # (BLOCK_N, DV)
+            if VFULL:  # cache.values=none: VC is the full-precision values (B, Hkv, N, Dv)
+                v = tl.load(VC + base_vc + offs_n[:, None] * svc_n + offs_dv[None, :], mask=mask_n[:, None],
+                            other=0.0)
+            else:
+                row_v = stat_rows(VROW, offs_n, mask_n, VROWS)
+                v = load_quantized(VC, VS, VZ, base_vc, base_vs, svc_n, svs_r, row_v, offs_n, mask_n,
+                                   VBITS, VG, DV, VZKIND, VZOFF, VZSCALE, BLOCK_N)  # (BLOCK_N, DV)
             acc = acc * alpha[:, None] + mma(as_operand(p, DOT), as_operand(v, DOT), DOT)
             m_i = m_new
     # 2. full-precision keys, original basis, never corrected: the cached ones (sinks, BF16), then the current chunk

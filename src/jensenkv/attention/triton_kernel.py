@@ -224,8 +224,8 @@ def storage_refusal(key, value) -> str | None:
                 else "quant.smoothing=channel_mean" if cfg.smoothing != "none" else None)
         if what is not None:
             return f"it reads RTN codes with bits in {KERNEL_BITS}, no dither and no smoothing, not {what} ({name}s)"
-    if (key.method == "none") != (value.method == "none"):
-        return "it needs keys and values both quantized or both full precision, not cache.values=none"
+    if key.method == "none" and value.method != "none":
+        return "it reads quantized keys with quantized or full-precision values, not full-precision keys alone"
     return None
 
 
@@ -317,11 +317,14 @@ def triton_cached_attention(
         if sk is None and sv is None:
             full_k.append(_full_precision(seg, "k"))
             full_v.append(_full_precision(seg, "v"))
-        elif sk is None or sv is None:
+        elif sk is None:
             raise ValueError(
-                f"segments[{i}] has one of K and V quantized and the other full precision: backend=triton needs "
-                "both quantized (RTN) or both full precision"
+                f"segments[{i}] has full-precision keys and quantized values: backend=triton reads quantized keys "
+                "with quantized or full-precision values (cache.values=none), or both full precision"
             )
+        elif sv is None:  # cache.values=none: quantized keys, full-precision values read as stored
+            v_full = _full_precision(seg, "v")
+            quantized.setdefault((_layout_key(sk), ("full", v_full.dtype)), []).append((sk, v_full))
         else:
             quantized.setdefault((_layout_key(sk), _layout_key(sv)), []).append((sk, sv))
     if full_k and len({t.dtype for t in full_k + full_v}) > 1:  # mixed dtypes (sinks and hand-built): one
@@ -357,6 +360,7 @@ class Layout:
     zero_offset: float = 0.0
     zero_scale: float = 1.0
     rows: bool = False  # a per-token stat-row table (per-channel layouts)
+    full: bool = False  # not quantized: the values of cache.values=none, read as stored
 
 
 def _layout(p: _Packed | None) -> Layout:
@@ -371,6 +375,7 @@ def kernel_constants(dim: int, dv: int, group: int, k: Layout, v: Layout, bias: 
     return dict(DIM=dim, DV=dv, GROUP=group,
                 KBITS=k.bits, KG=k.groups, KZKIND=k.zero_kind, KZOFF=k.zero_offset, KZSCALE=k.zero_scale, KROWS=k.rows,
                 VBITS=v.bits, VG=v.groups, VZKIND=v.zero_kind, VZOFF=v.zero_offset, VZSCALE=v.zero_scale, VROWS=v.rows,
+                VFULL=v.full,
                 BIAS=bias, TERMS=terms, SMALL_TERMS=_SMALL_TERMS, GP=max(_MIN_DOT, k.groups), DOT=dot,
                 V_ROT=v_rotated)
 
@@ -413,7 +418,10 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
     head_strength = dummy_f
     if members is not None:
         kp = _pack([m[0] for m in members], batch, heads_kv)
-        vp = _pack([m[1] for m in members], batch, heads_kv)
+        if isinstance(members[0][1], torch.Tensor):  # full-precision values: one view (or a concatenation)
+            vp, v_full = None, _last_contiguous(_joined([m[1] for m in members], dim=2))  # (B, Hkv, N, Dv)
+        else:
+            vp, v_full = _pack([m[1] for m in members], batch, heads_kv), None
         if kp.rotation is not None:
             qr = kp.rotation.apply(q.float())  # (B, Hq, Q, D): rotated keys need only the rotated query
         weight = strength_view(strength, q, torch.float32)  # float or (1, Hq, 1, 1)
@@ -432,7 +440,7 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
             raise ValueError(f"{kp.groups} step groups per key are not allowed for backend=triton: "
                              "use a power of two")
     else:
-        kp = vp = None
+        kp = vp = v_full = None
         n = 0
     qr = _last_contiguous(qr)
     qb = qb.contiguous()
@@ -451,11 +459,12 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
         return [t if t is not None else dummy_f, *_strides(t)]
 
     args = [q, *_strides(q), qr, *_strides(qr), qb, qb.shape[-1] if qb.ndim == 4 else 1, q_max,
-            *packed_args(kp), *packed_args(vp), n,
+            *packed_args(kp), *(packed_args(vp) if v_full is None else full_args(v_full) + packed_args(None)[4:]), n,
             *full_args(kf), *full_args(vf), kf.shape[2] if kf is not None else 0,
             *full_args(kx), *full_args(vx), kx.shape[2] if kx is not None else 0,
             coef, head_strength, out_q, out_f, lse, heads_q, n_q, scale * _LOG2E, 0.5 * scale]
-    constants = kernel_constants(dim, dv, heads_q // heads_kv, _layout(kp), _layout(vp), bias_mode, terms, dot,
+    constants = kernel_constants(dim, dv, heads_q // heads_kv, _layout(kp),
+                                 _layout(vp) if v_full is None else Layout(full=True), bias_mode, terms, dot,
                                  v_rotation is not None)
     block_m, block_n = blocks
     if block_m is None and block_n is None and not _interpret():
