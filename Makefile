@@ -8,17 +8,18 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean
+.PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean \
+	gpu-wheels gpu-check gpu-check-dry-run memory-headline
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install the suite with its dev extra
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"  # pyproject allows a torch range; this pins 2.14.1
 	# VBench's own pins conflict with diffusers: install its code without them, plus what the default
 	# dimensions' scorers import (openai-clip needs pkg_resources, gone from setuptools >= 81).
 	$(PY) -m pip install -q --no-deps vbench==0.1.5
@@ -52,6 +53,31 @@ train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
 
 bench: setup ## benchmarks -> results/bench.csv and results/bench.md
 	$(PY) scripts/bench.py
+
+memory-headline: setup ## latent frames of SkyReels-V2-1.3B's cache a 4 / 8 GiB budget holds per quantizer -> results/memory_headline.{csv,md} and figure (~20 min, 10 GiB RAM)
+	MALLOC_MMAP_THRESHOLD_=131072 OMP_NUM_THREADS=1 $(PY) -m jensenkv.bench.memory_headline
+
+# The GPU check (README "GPU check"). gpu-wheels runs here (it needs the registry); gpu-check runs on the CUDA
+# machine with its own python3 (no .venv, no registry): it installs .whl/ into $(GPU_SITE) and runs the checks.
+GPU_WHEELS := .whl
+GPU_SITE ?= /tmp/jensenkv-gpu-site
+GPU_CHECK_ARGS ?=
+PIP_PY312 := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+gpu-wheels: ## here: the wheels a bare CUDA machine (python 3.12) lacks for gpu-check -> .whl/ (gpu-wheels.txt)
+	mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps $(PIP_PY312) -d $(GPU_WHEELS) \
+		$$(grep -v '^#' gpu-wheels.txt | grep -v '# sdist' | cut -d'#' -f1)
+	$(PYTHON) -m pip wheel -q --no-deps -w $(GPU_WHEELS) $$(grep '# sdist' gpu-wheels.txt | cut -d'#' -f1)
+	du -sh $(GPU_WHEELS)
+
+gpu-check: ## on a CUDA machine: install .whl/ into GPU_SITE, run the GPU checks (<= 8 min) -> results/gpu_check.{csv,md}
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR)/src $(PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+gpu-check-dry-run: setup ## the GPU checks' plumbing on this CPU (TRITON_INTERPRET=1, toy sizes) -> outputs/gpu_check_dry_run/
+	$(PY) scripts/gpu_check.py --dry-run
 
 figures: setup ## figures from results/runs -> results/figures/ (tradeoff, attention mass, Jensen bias)
 	$(PY) -m jensenkv.report.figures

@@ -10,6 +10,7 @@ import pathlib
 import pytest
 
 from jensenkv.attention.config import AttentionConfig
+from jensenkv.cache import CacheSettings
 from jensenkv.config import RunConfig
 from jensenkv.generation import GenerationConfig, MagiScheduleConfig
 from jensenkv.models import config as model_config
@@ -112,11 +113,36 @@ def test_unknown_kind_names_the_registered_families():
         family("nope")
 
 
-def test_a_family_refuses_a_backend_it_cannot_use():
+def test_a_family_refuses_a_backend_it_cannot_use(monkeypatch):
+    """Every family runs every backend today (MAGI-1's GQA caches feed the Triton kernel their stored KV heads),
+    so the refusal path is kept tested on MAGI-1 marked as unable: one line, when the tree is built, naming
+    attention.backend, the value, the reason and the backends the family allows."""
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
-    with pytest.raises(ValueError, match=r"attention.backend='triton' is not allowed: model.kind=magi cannot use it"):
+    assert not any(fam.refused_backends for fam in FAMILIES.values())
+    for backend in ("triton", "cached", "flex", "reference"):
+        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
+                  attention=AttentionConfig(backend=backend))
+    monkeypatch.setattr(type(family("magi")), "refused_backends", {"triton": "a reason"})
+    with pytest.raises(ValueError, match=r"^attention.backend='triton' is not allowed: model.kind=magi cannot use it "
+                                         r"\(a reason\); it allows \('cached', 'reference', 'flex'\)$"):
         RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
                   attention=AttentionConfig(backend="triton"))
+
+
+@pytest.mark.parametrize("quant, cache, message", [
+    (QuantConfig(method="qvg"), {}, r"not quant.method='qvg' \(keys\)"),
+    (QuantConfig(bits=3), {}, r"bits in \(2, 4, 8\), .*not quant.bits=3 \(keys\)"),
+    (QuantConfig(dither="subtractive"), {}, r"not quant.dither=subtractive"),
+    (QuantConfig(smoothing="channel_mean"), {}, r"not quant.smoothing=channel_mean"),
+])
+def test_the_triton_backend_refuses_a_cache_it_cannot_read_before_any_model_loads(quant, cache, message):
+    tiny = ModelConfig(kind="tiny", device="cpu")
+    with pytest.raises(ValueError, match=r"^attention.backend='triton' is not allowed: it .*" + message):
+        RunConfig(model=tiny, quant=quant, cache=CacheSettings(**cache), attention=AttentionConfig(backend="triton"))
+    RunConfig(model=tiny, quant=quant, cache=CacheSettings(**cache), attention=AttentionConfig(backend="cached"))
+    for ok in (QuantConfig(bits=2), QuantConfig(bits=4, rotation="hadamard"), QuantConfig(method="none")):
+        RunConfig(model=tiny, quant=ok, attention=AttentionConfig(backend="triton"))
+    RunConfig(model=tiny, cache=CacheSettings(values="none"), attention=AttentionConfig(backend="triton"))
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -86,3 +86,39 @@ def test_setup_installs_what_the_default_vbench_dimensions_import():
     for pip in needed:
         assert any(r == pip or _name(r) == _name(pip) for r in recipe), f"make setup does not install {pip}"
         assert any(r == pip.replace(" ", "") or _name(r) == _name(pip) for r in conda), f"environment.yml lacks {pip}"
+
+
+def test_setup_pins_torch_inside_pyproject_range_through_constraints():
+    """pyproject allows the tested torch range (2.11 on the GPU machine); `make setup` pins the versions the
+    results were made with through constraints.txt, and each pin lies inside pyproject's range."""
+    from packaging.requirements import Requirement
+
+    project = {Requirement(r).name: Requirement(r) for r in
+               tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    pins = [Requirement(line) for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert {p.name for p in pins} == {"torch", "torchvision"}
+    for pin in pins:
+        (version,) = [s.version for s in pin.specifier if s.operator == "=="]
+        assert project[pin.name].specifier.contains(version), (pin, project[pin.name])
+    assert project["torch"].specifier.contains("2.11.0") and not project["torch"].specifier.contains("2.15.0")
+    assert "pip install -q -c constraints.txt -e" in (ROOT / "Makefile").read_text()
+
+
+def test_gpu_wheels_name_one_exact_version_each_and_not_the_machines_own():
+    """make gpu-wheels: what the bare GPU machine lacks, each pinned once; never torch, triton or numpy, whose
+    versions on that machine are the ones under test."""
+    from packaging.requirements import Requirement
+
+    lines = [line.split("#")[0].strip() for line in (ROOT / "gpu-wheels.txt").read_text().splitlines()]
+    reqs = [Requirement(line) for line in lines if line]
+    names = [r.name.lower() for r in reqs]
+    assert len(names) == len(set(names))
+    assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in reqs)
+    assert {"hydra-core", "omegaconf", "antlr4-python3-runtime", "diffusers"} <= set(names)
+    assert not {"torch", "triton", "numpy", "torchvision"} & set(names)
+    project = {_name(r): r for r in _pyproject_requirements().values()}
+    for req in reqs:  # the suite's own pins, where it has them
+        if req.name.lower() in project and "==" in project[req.name.lower()]:
+            assert project[req.name.lower()] == str(req), (req, project[req.name.lower()])
+    assert ".whl/" in (ROOT / ".gitignore").read_text().splitlines()  # the wheels travel by carry, never in git

@@ -10,7 +10,11 @@ other chunks only the last `window_chunks` are kept, and a chunk that leaves the
 dropped (its storage freed). `segments()` returns the visible chunks, oldest first, as lazy views.
 
 Memory: a chunk holds only its stored form (packed codes, steps, zeros, centroids, full-precision
-sinks), exactly what `nbytes` counts. Nothing dequantized is held between attention calls: the fast
+sinks), exactly what `nbytes` counts. RTN and full-precision chunks live back to back in per-layer growing
+buffers (``quant.store``: one for the keys, one for the values, two more for the sinks), so the visible
+chunks, or any run of them, are one strided view that the Triton kernel reads in place; `held_nbytes` counts
+what those buffers hold (the stored bytes plus the capacity slack; `reserve` sets the capacity up front).
+Nothing dequantized is held between attention calls: the fast
 attention paths dequantize the views' stored tensors into one workspace shared by all layers
 (``jensenkv.attention.workspace``), and a view's own `k` / `v` / `steps` are built on first use and
 live only as long as the caller keeps that view. The one documented extra is probe memory: the
@@ -32,6 +36,7 @@ from jensenkv.correction import GroupSteps
 from jensenkv.quant import QuantConfig, QuantizedTensor, make_quantizer
 from jensenkv.quant.config import FLOAT_DTYPES
 from jensenkv.quant.samples import stack_samples, video_of
+from jensenkv.quant.store import ChunkStore
 from jensenkv.quant.tensors import FullPrecisionTensor
 
 BF16_BYTES = 2
@@ -156,6 +161,7 @@ class _StoredChunk:
     num_tokens: int
     k_ref: torch.Tensor | None = None  # (B, H, S, D) probe memory (keep_reference), not counted in nbytes
     v_ref: torch.Tensor | None = None
+    store_keys: tuple = (None, None)  # the layer buffers holding k and v (None: the chunk's own tensors)
 
 
 class StoredSegment:
@@ -220,6 +226,8 @@ class ChunkedKVCache:
         self.value_quantizer = make_quantizer(cfg.value, head_dim)
         self._per_video: list[tuple[Any, Any]] = []  # batch > 1: each video's own (key, value) quantizers
         self._chunks: list[_StoredChunk] = []
+        self._stores: dict[tuple, ChunkStore] = {}  # (sink?, "k" | "v", store signature) -> the buffer
+        self._reserved_tokens = 0
         self.num_committed = 0
         self._batch_heads: tuple[int, int] | None = None
 
@@ -253,11 +261,40 @@ class ChunkedKVCache:
             v_stored = FullPrecisionTensor(v, self.cfg.value.torch_store_dtype)
         else:
             k_stored, v_stored = self._quantize(k, v)
-        chunk = _StoredChunk(index, is_sink, k_stored, v_stored, num_tokens=k.shape[2])
+        chunk = _StoredChunk(index, is_sink, k_stored, v_stored, num_tokens=k.shape[2],
+                             store_keys=(self._place(k_stored, is_sink, "k"), self._place(v_stored, is_sink, "v")))
         if self.cfg.keep_reference:
             chunk.k_ref, chunk.v_ref = k.detach().clone(), v.detach().clone()
         self._chunks.append(chunk)
         self._evict()
+
+    def _place(self, stored: QuantizedTensor, is_sink: bool, name: str) -> tuple | None:
+        """Move a chunk's stored form into its layer buffer (``quant.store``) if its form lives in one; the
+        buffer's key, or None (QVG, smoothed, tensor-granularity, INT3, dithered chunks keep their tensors)."""
+        signature = ChunkStore.accepts(stored)
+        if signature is None:
+            return None
+        key = (is_sink, name, signature)
+        if key not in self._stores:
+            self._stores[key] = ChunkStore(signature)
+            if not is_sink:
+                self._stores[key].reserve(self._reserved_tokens)
+        self._stores[key].append(stored)
+        return key
+
+    def _release(self, chunk: _StoredChunk) -> None:
+        for key, stored in zip(chunk.store_keys, (chunk.k, chunk.v)):
+            if key is not None:
+                self._stores[key].release(stored)
+
+    def reserve(self, tokens: int) -> None:
+        """Let the buffers hold ``tokens`` non-sink tokens from the first commit on (no doubling slack when the
+        final size is known; more still grows them)."""
+        check_int("tokens", tokens, 0)
+        self._reserved_tokens = tokens
+        for (is_sink, _, _), store in self._stores.items():
+            if not is_sink:
+                store.reserve(tokens)
 
     def _quantize(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QuantizedTensor, QuantizedTensor]:
         """(B, H, S, D) each -> stored forms; a batch is quantized video by video, then stacked."""
@@ -276,7 +313,10 @@ class ChunkedKVCache:
             return
         sinks = [c for c in self._chunks if c.is_sink]
         recent = [c for c in self._chunks if not c.is_sink]
-        self._chunks = sinks + recent[max(0, len(recent) - self.cfg.window_chunks) :]
+        keep = max(0, len(recent) - self.cfg.window_chunks)
+        for chunk in recent[:keep]:  # oldest first, as the buffers release them
+            self._release(chunk)
+        self._chunks = sinks + recent[keep:]
 
     def segments(self) -> list[StoredSegment]:
         """Visible chunks, oldest first, as lazy views of their stored form (nothing is dequantized here)."""
@@ -291,6 +331,13 @@ class ChunkedKVCache:
     def nbytes(self) -> int:
         """Exact bytes stored for the visible chunks (the probes' reference copies excluded)."""
         return sum(c.k.nbytes + c.v.nbytes for c in self._chunks)
+
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes held for the visible chunks: the layer buffers' capacity (stored bytes + slack, and the
+        per-channel layouts' token-row tables) plus the chunks kept outside them."""
+        loose = sum(t.nbytes for c in self._chunks for key, t in zip(c.store_keys, (c.k, c.v)) if key is None)
+        return loose + sum(store.held_nbytes for store in self._stores.values())
 
     @property
     def bf16_nbytes(self) -> int:
@@ -311,6 +358,7 @@ class ChunkedKVCache:
     def clear(self) -> None:
         """Forget every chunk and the quantizers' warm-start state (a new video starts)."""
         self._chunks = []
+        self._stores = {}
         self.num_committed = 0
         self._batch_heads = None
         self._per_video = []  # fresh quantizers for the next batch's videos

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from jensenkv.attention.backends import check_backend_storage
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheConfig, CacheSettings
 from jensenkv.checks import check_int
@@ -73,6 +74,7 @@ class RunConfig:
         if "teacher_forced" in self.eval.metrics:
             check_teacher_forced(self.generation)
         self.key, self.value = self.cache.key_value(self.quant)  # the checks that need the head dim: resolve
+        check_backend_storage(self.attention.backend, self.key, self.value)  # before any model loads
         if self.is_reference:  # nothing quantized: nothing to correct
             self.attention = dataclasses.replace(self.attention, correction="none", strength=1.0, second_order=False)
         if self.attention.correction == "none":  # no bias to scale: the file changes nothing

@@ -63,3 +63,41 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64."""
     expected = expected.double()
     return ((actual.double() - expected).norm() / expected.norm()).item()
+
+
+class AllocationCounter:
+    """Bytes of every tensor storage created while it is active (``with AllocationCounter() as c: ...``),
+    seen at the ATen dispatcher: each op's outputs whose storage is not one of its inputs' (views and in-place
+    results are not allocations). Allocations outside ATen (the Triton interpreter's numpy tiles) are not
+    counted: it measures what the suite's code creates per call."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+        self.bytes = 0
+        self.ops: list[tuple[str, int]] = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                from torch.utils import _pytree as pytree
+
+                out = func(*args, **(kwargs or {}))
+                inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                          if isinstance(t, torch.Tensor)}
+                made = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in pytree.tree_leaves(out)
+                        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs}
+                for size in made.values():
+                    if size:
+                        counter.bytes += size
+                        counter.ops.append((str(func), size))
+                return out
+
+        self._mode = Mode()
+
+    def __enter__(self) -> AllocationCounter:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)

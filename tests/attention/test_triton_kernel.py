@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from attention_testkit import relative_error
+from attention_testkit import AllocationCounter, relative_error
 from jensenkv.attention import reference_attention
 from jensenkv.attention.triton_kernel import triton_cached_attention
 from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
@@ -204,3 +204,145 @@ def test_triton_head_strengths_equal_a_loop_of_float_strengths(correction: str, 
     assert relative_error(actual, oracle(q, k, v, segments, correction, strength=strength)) <= 1e-3
     with pytest.raises(ValueError, match=r"strength has shape \(2,\).*\(H,\) = \(4,\)"):
         triton_cached_attention(q, k, v, segments, correction, strength=strength[:2])  # KV heads, not query heads
+
+
+# The issue's shapes scaled down (head dim 128 kept, fewer heads and tokens, odd lengths): SkyReels-V2 (12 x 128
+# heads: 2 here, INT2 g32, a BF16 sink and a 2-chunk window that has evicted a chunk), MAGI-1 (24q/8kv GQA: 6q/2kv,
+# INT2 g32 with float8 steps, a kv-range limit of 2 chunks), WorldPlay (16 x 128: 4, INT4 g32, min-aligned
+# zeros), INT8, and INT2 keys with BF16 values (cache.values=none). Keys carry one outlier channel per 32-channel
+# group, where the queries are 0: the steps are wide while the scores stay moderate, so the bias moves the output
+# by 5-50% (dropping it fails every case).
+PAPER_D = 128
+PAPER_CASES = {
+    "skyreels-int2": dict(heads=(2, 2), quant=QuantConfig(bits=2, group_size=32, store_dtype="bfloat16"),
+                          lengths=(37, 29, 21), sinks=1,
+                          window=2, limit=None, amp=2.5),
+    "magi-int2-fp8-gqa": dict(heads=(6, 2), quant=QuantConfig(bits=2, group_size=32, scale_dtype="float8_e4m3fn"),
+                              lengths=(24, 24, 17), sinks=0, window=None, limit=2, amp=2.5),
+    "worldplay-int4": dict(heads=(4, 4), quant=QuantConfig(bits=4, group_size=32, zero_point="min_aligned",
+                                                           zero_dtype="float16"),
+                           lengths=(33, 31), sinks=1, window=None, limit=None, amp=12.0),
+    "int8": dict(heads=(2, 2), quant=QuantConfig(bits=8, group_size=32), lengths=(30, 19), sinks=0, window=None,
+                 limit=None, amp=300.0),
+    "values-none": dict(heads=(4, 2), quant=QuantConfig(bits=2, group_size=32), lengths=(19, 26, 11), sinks=1,
+                        window=None, limit=None, amp=2.5, value=QuantConfig(method="none", store_dtype="bfloat16")),
+}
+
+
+def paper_case(name: str, device: str = "cpu", amp: float | None = None, batch: int = 1, seed: int = 0):
+    """(q, k_cur, v_cur, segments) of a PAPER_CASES entry: 19 queries, 23 current tokens."""
+    c = PAPER_CASES[name]
+    heads_q, heads_kv = c["heads"]
+    gen = torch.Generator().manual_seed(seed)
+    cache = ChunkedKVCache(CacheConfig(key=c["quant"], value=c.get("value", c["quant"]), sink_chunks=c["sinks"],
+                                       window_chunks=c["window"]), head_dim=PAPER_D)
+    for n in c["lengths"]:
+        k = torch.randn(batch, heads_kv, n, PAPER_D, generator=gen)  # (B, Hkv, S, D)
+        k[..., ::32] = (amp or c["amp"]) * torch.randn(batch, heads_kv, n, PAPER_D // 32, generator=gen)
+        cache.commit(k.to(device), torch.randn(batch, heads_kv, n, PAPER_D, generator=gen).to(device))
+    segments = cache.segments()[-c["limit"]:] if c["limit"] else cache.segments()
+    q = torch.randn(batch, heads_q, 19, PAPER_D, generator=gen) * 2.0  # (B, Hq, Q, D)
+    q[..., ::32] = 0.0  # blind to the outlier channels
+    k_cur, v_cur = (torch.randn(batch, heads_kv, 23, PAPER_D, generator=gen).to(device) for _ in range(2))
+    return q.to(device), k_cur, v_cur, segments
+
+
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+@pytest.mark.parametrize("case", list(PAPER_CASES))
+def test_triton_matches_the_oracle_at_the_papers_shapes_scaled_down(case: str, correction: str,
+                                                                    triton_device: str) -> None:
+    q, k, v, segments = paper_case(case, triton_device)
+    expected = oracle(q, k, v, segments, correction, strength=0.9)
+    assert relative_error(triton_cached_attention(q, k, v, segments, correction, strength=0.9), expected) <= 1e-5
+    if correction != "none":  # control: the bias is large enough that dropping it fails by far
+        assert relative_error(oracle(q, k, v, segments, "none"), expected) > 1e-2
+
+
+def test_triton_reads_a_batch_and_one_videos_rows_in_place(triton_device: str) -> None:
+    """A cache of 2 videos: the batched call matches the oracle, and video 1's rows (views of the same
+    buffers, ``StoredSegment.video``) give that video's output alone."""
+    q, k, v, segments = paper_case("magi-int2-fp8-gqa", triton_device, batch=2)
+    batched = triton_cached_attention(q, k, v, segments, "taylor")
+    assert relative_error(batched, oracle(q, k, v, segments, "taylor")) <= 1e-5
+    own = [seg.video(1) for seg in segments]
+    assert own[0].stored_k.packed.untyped_storage().data_ptr() == segments[0].stored_k.packed.untyped_storage().data_ptr()
+    alone = triton_cached_attention(q[1:], k[1:], v[1:], own, "taylor")
+    assert relative_error(alone, batched[1:]) <= 1e-6
+
+
+def per_call_bytes(q, k, v, segments, correction: str) -> int:
+    triton_cached_attention(q, k, v, segments, correction)  # warm: the per-device constants are made once
+    with AllocationCounter() as counter:
+        triton_cached_attention(q, k, v, segments, correction)
+    return counter.bytes
+
+
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+def test_a_call_allocates_nothing_proportional_to_the_cache(correction: str, triton_device: str) -> None:
+    """Bytes of tensors created per call, with 2 and with 6 cached chunks (a sink + INT2 chunks, a window
+    selecting from the layer buffers): equal, and bounded by the queries' size. Control: the same chunks handed over
+    not back to back (one in every other position of two caches) are concatenated, and the count sees it."""
+    def cache_of(chunks: int, seed: int = 0) -> ChunkedKVCache:
+        cache = ChunkedKVCache(CacheConfig(key=INT2, value=INT2, sink_chunks=1, window_chunks=6), head_dim=D)
+        gen = torch.Generator().manual_seed(seed)
+        for n in [4] + [24] * chunks:  # a small float32 sink, INT2 chunks
+            cache.commit(torch.randn(1, 2, n, D, generator=gen), torch.randn(1, 2, n, D, generator=gen))
+        return cache
+
+    q, k, v = inputs(4, 2, n_q=8, n_cur=8)
+    small, large = cache_of(2), cache_of(6)
+    assert large.nbytes > 2 * small.nbytes and large.num_chunks == 7
+    per_call = {name: per_call_bytes(q, k, v, cache.segments(), correction) for name, cache in
+                (("small", small), ("large", large))}
+    # what a call makes is the queries' (bias columns, outputs): independent of the cache
+    assert per_call["small"] == per_call["large"] <= 32 * q.numel() * q.element_size()
+    other = cache_of(2, seed=1)
+    mixed = [seg for pair in zip(small.segments()[1:], other.segments()[1:]) for seg in pair]  # not back to back
+    codes = sum(seg.stored_k.packed.numel() + seg.stored_v.packed.numel() for seg in mixed)
+    assert per_call_bytes(q, k, v, mixed, correction) >= per_call["large"] + codes
+
+
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+def test_a_cached_call_reads_nothing_back_to_the_host(correction: str, host_reads, triton_device: str) -> None:
+    """No .item / .tolist / bool / float / int of a tensor inside a call (each would be a device sync on a GPU):
+    the exact bias picks series or elementwise per tile on the device, and its series length from the dtype."""
+    segments = build("int2-g8", heads_kv=2, sinks=1, lengths=(9, 17, 20), seed=3, device=triton_device)
+    q, k, v = inputs(4, 2, n_q=7, n_cur=5, device=triton_device)
+    strength = torch.tensor([0.5, 1.0, 1.5, 2.0], device=triton_device)  # (Hq,)
+    triton_cached_attention(q, k, v, segments, correction, strength=strength)
+    host_reads.clear()  # count only the calls below
+    triton_cached_attention(q, k, v, segments, correction)
+    assert host_reads == []
+    triton_cached_attention(q, k, v, segments, correction, strength=strength)
+    # a CPU strength tensor is checked for finite values (no sync there); a device one is the caller's to check
+    assert host_reads == (["__bool__"] if triton_device == "cpu" else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(PAPER_CASES))
+def test_triton_exact_with_tiles_beyond_the_series_range_at_the_papers_shapes(case: str, triton_device: str) -> None:
+    """Outliers 2.4x wider: some tiles exceed the series' range and take log(sinh x / x) channel by channel,
+    others stay on the series, chosen per tile on the device."""
+    q, k, v, segments = paper_case(case, triton_device, amp=PAPER_CASES[case]["amp"] * 2.4)
+    expected = oracle(q, k, v, segments, "exact", strength=0.9)
+    assert relative_error(triton_cached_attention(q, k, v, segments, "exact", strength=0.9), expected) <= 1e-5
+    assert relative_error(oracle(q, k, v, segments, "none"), expected) > 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+@pytest.mark.parametrize("case", list(PAPER_CASES))
+def test_triton_bf16_tensor_core_path_on_a_gpu(case: str, correction: str) -> None:
+    """BF16 queries and current chunk: the autotuned kernel with BF16 tensor-core dots against the float64
+    oracle of the same inputs (BF16 rounding of the dequantized keys and the weights: 2e-2), and with float32
+    operands (IEEE dots; the output is still rounded to BF16: 1e-2). The bias still matters at that tolerance (control)."""
+    q, k, v, segments = paper_case(case, "cuda")
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    expected = oracle(q, k, v, segments, correction, strength=0.9)
+    tuned = triton_cached_attention(q, k, v, segments, correction, strength=0.9)
+    assert tuned.dtype == torch.bfloat16 and relative_error(tuned, expected) <= 2e-2
+    exact_dots = triton_cached_attention(q, k, v, segments, correction, strength=0.9, operands="float32")
+    assert relative_error(exact_dots, expected) <= 1e-2  # the output itself is rounded to BF16
+    if correction != "none":
+        assert relative_error(oracle(q, k, v, segments, "none"), expected) > 4e-2

@@ -16,7 +16,8 @@ import torch
 from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
 from jensenkv.attention.reference import reference_attention
-from jensenkv.attention.triton_kernel import triton_cached_attention
+from jensenkv.attention.triton_kernel import storage_refusal, triton_cached_attention
+from jensenkv.checks import fail
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -26,6 +27,28 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
     "flex": flex_cached_attention,  # FlexAttention (compiled on GPU)
     "triton": triton_cached_attention,  # fused kernel over the packed cache (GPU; CPU under TRITON_INTERPRET=1)
 }
+
+
+# Backends that take GQA inputs as stored: k_cur / v_cur and the cached segments with their KV heads
+# (B, Hkv, ...), query head h reading KV head h // (Hq / Hkv). The others get them expanded to the query heads.
+KV_HEAD_BACKENDS = frozenset({"triton"})
+
+
+def reads_kv_heads(name: str) -> bool:
+    """Whether backend ``name`` reads grouped-query KV heads as stored (no expanded copy per call)."""
+    return name in KV_HEAD_BACKENDS
+
+
+# What a backend cannot read, from the key / value quantizer settings: fn(key, value) -> reason or None
+STORAGE_LIMITS: dict[str, Callable[..., str | None]] = {"triton": storage_refusal}
+
+
+def check_backend_storage(name: str, key, value) -> None:
+    """One-line ValueError when backend ``name`` cannot read a cache quantized by ``key`` / ``value`` (QuantConfigs)."""
+    limit = STORAGE_LIMITS.get(name)
+    reason = limit(key, value) if limit is not None else None
+    if reason is not None:
+        fail("attention.backend", name, f"{reason}; backends cached, reference and flex read every stored form")
 
 
 def get_backend(name: str) -> AttentionFn:

@@ -50,6 +50,7 @@ from jensenkv.correction import (
     series_terms_for,
 )
 from jensenkv.quant.rtn import RTNTensor
+from jensenkv.quant.steps import step_max
 
 
 def write_segments(segments: Sequence[SegmentLike], name: str, out: torch.Tensor) -> None:
@@ -194,7 +195,7 @@ def _bias_columns(
             q_cols[kind] = -(weight * scale / 24.0) * query_group_sq_norms(qb, groups)  # (B, H, Q, G)
             continue
         q_max = qb.abs().amax()
-        bound = float(0.5 * scale * q_max * max(float(step.abs().amax()) for step, _ in members))
+        bound = float(0.5 * scale * q_max * max(float(step_max(step)) for step, _ in members))
         if bound > SERIES_MAX_ARG:
             return None
         terms = series_terms_for(qb, q_max, bound, strength, q.dtype)  # below the resolution of q's dtype

@@ -1,30 +1,35 @@
 """Fused Triton attention over the packed INT2/INT4/INT8 cache with the Jensen-bias correction.
 
-Same contract as ``reference_attention`` plus GQA: q (B, Hq, Q, D); k_cur, v_cur (B, Hkv, R, D/Dv)
-with Hkv dividing Hq (query head h reads KV head h // (Hq / Hkv)); segments from
-``ChunkedKVCache.segments()``. One program per (block of queries, batch x query head):
+Same contract as ``reference_attention`` plus GQA: q (B, Hq, Q, D); k_cur, v_cur (B, Hkv, R, D/Dv) with Hkv
+dividing Hq (query head h reads KV head h // (Hq / Hkv)); segments from ``ChunkedKVCache.segments()`` with
+their KV heads as stored (never expanded). A flash-attention kernel, one program per (block of queries,
+batch x query head):
 
-1. loop over the cached tiles of the quantized chunks: load the packed codes, steps and zero points
-   (token-group layout: stats per token and channel group; per-channel KIVI layout: stats per token
-   group and channel), dequantize in registers, score against the query (the rotated query for
-   Hadamard-rotated keys), subtract the Jensen bias, online softmax;
-   - taylor: sum_j coef_j(q) * step_j^2, a G-wide dot product per score (unrolled for G <= 8,
-     a tl.dot otherwise); coef_j = strength * scale^2/24 * ||q_rot group j||^2 is computed once per call;
-   - exact: the series sum_n sum_j a_n sum_{c in j} q_c^(2n) (scale step_j / 2)^(2n) while every
-     |x| <= SERIES_MAX_ARG, else log(sinh x / x) channel by channel;
-2. continue the same online softmax over the full-precision keys (sink chunks, then the current chunk
-   and in-flight chunks): never corrected.
+1. the quantized cached chunks: packed codes, steps and zeros are read in place (the cache's per-layer
+   buffers, ``quant.store``: consecutive chunks are one strided view, so a window, sinks or a kv-range limit
+   is a range of it), dequantized in registers to the dot dtype, scored by a tensor-core dot against the
+   query (the rotated query for Hadamard-rotated keys), the Jensen bias subtracted, online softmax:
+   - taylor: a G-wide dot of the query group norms strength * scale^2/24 * ||q_g||^2 (computed once per
+     call, proportional to the queries) and the keys' squared steps, fused into the score tile;
+   - exact: per tile, on the device, the series sum_n a_n sum_j (sum_{c in j} r_c^(2n)) u_j^(2n) (a G-wide
+     dot per term; a fixed number of terms chosen from the query dtype's resolution and |strength|, so no
+     host read and no recompile per call) while every |x| = scale/2 |q_c| step <= SERIES_MAX_ARG, else
+     log(sinh x / x) channel by channel;
+2. the same online softmax over the full-precision keys (cached sinks / BF16 chunks, then the current
+   chunk, read where they are): never corrected.
 Values quantized with a rotation accumulate separately and are un-rotated after the kernel.
 
-Chunks with different storage layouts are run as separate launches and merged by log-sum-exp; the
-only per-call copies are the concatenated stored tensors (as large as the stored form) and the
-full-precision keys (sinks + current chunk). QVG chunks and INT3 codes are not supported here.
-The kernel computes in float32 (dots in IEEE fp32). ``TRITON_INTERPRET=1`` runs it on the CPU (tests); it
-takes effect when set before the first call, even when triton itself was imported earlier.
+A call allocates only what is proportional to the queries (bias columns, outputs); the cache is read where
+it is stored. Chunks not laid out back to back (hand-built, or from different caches) are concatenated per
+call, one storage layout per launch, and the launches merge by log-sum-exp. QVG chunks, dithered chunks and
+INT3 codes are refused. On a GPU the block sizes, warps and stages are autotuned per (head dim, dtype, bits,
+bias) from a small list (the first call per key times them); ``TRITON_INTERPRET=1`` runs the kernel on the
+CPU (tests, float32 operands), taking effect when set before the first call.
 """
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -45,78 +50,183 @@ from jensenkv.attention._inputs import (
 from jensenkv.attention.second_order import refuse_second_order
 from jensenkv.correction import (
     SERIES_MAX_ARG,
-    exact_series_query_columns,
+    exact_series_terms,
     log_sinhc_series_coefficients,
     query_group_sq_norms,
-    series_terms_for,
+    series_tolerance,
 )
-from jensenkv.quant.rtn import RTNTensor
+from jensenkv.quant.config import fixed_point_frac_bits
+from jensenkv.quant.rtn import RTNTensor, zero_offset
+from jensenkv.quant.store import back_to_back
 from jensenkv.quant.tensors import FullPrecisionTensor
 
-BIAS_NONE, BIAS_TAYLOR, BIAS_SERIES, BIAS_ELEMENTWISE = 0, 1, 2, 3  # as in _triton_device
+BIAS_NONE, BIAS_TAYLOR, BIAS_EXACT = 0, 1, 2  # as in _triton_device
 KERNEL_BITS = (2, 4, 8)
-_UNROLL_GROUPS = 8  # bias groups up to this are unrolled; more use a tl.dot over the group columns
+OPERANDS = {"float32": 0, "bfloat16": 1, "float16": 2}  # the dots' operand dtype -> the kernel's DOT
 _SMALL_TERMS = 8  # log(sinh x / x) series terms below |x| = 0.5 (as correction.log_sinhc)
-_KERNELS: dict[bool, object] = {}
+_MIN_DOT = 16  # tensor-core dots need every dimension >= 16: the bias columns are zero-padded to it
+_LOG2E = 1.0 / math.log(2.0)
+_INTERPRETED_BLOCKS = (16, 16)  # (BLOCK_M, BLOCK_N) under TRITON_INTERPRET when none is given
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner on a GPU, per TUNE_KEY
+# (spill-free at head dims 64 and 128 for INT2/4/8 on sm_90: python -m jensenkv.attention.triton_aot; 64 x 64 on 4
+# warps spills at d = 128 with INT4 codes)
+TUNE_CONFIGS = ((128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 2))
+TUNE_KEY = ("DIM", "DV", "GROUP", "KBITS", "VBITS", "KG", "BIAS", "TERMS", "DOT")
+_KERNELS: dict[tuple[bool, bool], object] = {}
+_CONSTANTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+assert SERIES_MAX_ARG == 1.5, "update SERIES_MAX_ARG in _triton_device.py"
 
 
 def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _kernel():
+def _kernel(tuned: bool):
     """The jitted kernel, loaded on first use per mode: ``triton.jit`` reads TRITON_INTERPRET when it
-    decorates, so the device module is loaded once for the interpreter and once for the compiler."""
+    decorates, so the device module is loaded once for the interpreter and once for the compiler. ``tuned``
+    wraps it in ``triton.autotune`` (the launch then takes the block sizes from the tuned config)."""
     mode = _interpret()
-    if mode not in _KERNELS:
+    if (mode, tuned) not in _KERNELS:
         name = f"jensenkv.attention._triton_device_{'interpreted' if mode else 'compiled'}"
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_triton_device.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        _KERNELS[mode] = module.cached_attention_kernel
-    return _KERNELS[mode]
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_triton_device.py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        kernel = module.cached_attention_kernel
+        if tuned:
+            import triton
+
+            configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+                       for m, n, w, s in TUNE_CONFIGS]
+            kernel = triton.autotune(configs=configs, key=list(TUNE_KEY))(kernel)
+        _KERNELS[mode, tuned] = kernel
+    return _KERNELS[mode, tuned]
+
+
+def _constants(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Per device, made once (a per-call torch.tensor from a list would copy to the device every call):
+    the log(sinh x / x) series coefficients, and dummies for pointers a launch does not read."""
+    if device not in _CONSTANTS:
+        coef = torch.tensor(log_sinhc_series_coefficients(_SMALL_TERMS), dtype=torch.float32, device=device)
+        _CONSTANTS[device] = (coef, torch.zeros(1, dtype=torch.uint8, device=device),
+                              torch.zeros(1, dtype=torch.float32, device=device),
+                              torch.zeros(1, dtype=torch.int32, device=device))
+    return _CONSTANTS[device]
+
+
+def series_terms_fixed(dim: int, dtype: torch.dtype, strength: Strength) -> int:
+    """The exact bias's series length for queries of ``dtype``: the fewest terms whose truncation error at the
+    series' largest argument (SERIES_MAX_ARG, every |q_c / max|q|| = 1: the data-free worst case) times
+    |strength| stays below the dtype's resolution. A (H,) strength takes the longest series (reading it would
+    be a host sync). Depends on no tensor value: one compiled kernel per (dim, dtype)."""
+    if isinstance(strength, torch.Tensor):
+        return exact_series_terms(SERIES_MAX_ARG, lambda m: float(dim), 0.0)
+    peak = abs(float(strength))
+    tol = series_tolerance(dtype) / peak if peak else math.inf
+    return exact_series_terms(SERIES_MAX_ARG, lambda m: float(dim), tol)
 
 
 @dataclass
 class _Packed:
-    """One storage layout's chunks, concatenated along tokens: what the kernel reads for K or V."""
+    """One storage layout's chunks, back to back: what the kernel reads for K or V."""
 
-    codes: torch.Tensor  # (B, H, N, D * bits / 8) uint8
-    step: torch.Tensor  # (B, H, R, G) stored dtype
-    zero: torch.Tensor | None  # (B, H, R, G) stored dtype, None when symmetric
-    row: torch.Tensor  # (N,) int32: stat row of each token
+    codes: torch.Tensor  # (B, H, N, D * bits / 8) uint8, last dim contiguous (a view of the cache's buffer)
+    step: torch.Tensor  # (B, H, R, G) stored dtype, last dim contiguous
+    zero: torch.Tensor | None  # (B, H, R, G) stored dtype, strides of step; None when symmetric
+    rows: torch.Tensor | None  # (N,) int32 stat row of each token (per-channel and tensor layouts), else None
     bits: int
     groups: int
+    zero_kind: int  # 0 symmetric, 1 integer, 2 fixed point, 3 min aligned (as _triton_device.load_quantized)
     zero_offset: float
+    zero_scale: float
     rotation: object
 
 
 def _layout_key(t: RTNTensor) -> tuple:
-    return (t.bits, t.layout.granularity, t.layout.group_size, t.step.dtype, id(t.rotation))
+    zero = None if t.zero is None else (t.zero.dtype, t.zero_point)
+    return (t.bits, t.layout.granularity, t.layout.group_size, t.step.dtype, zero, id(t.rotation))
+
+
+def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The parts as one tensor along ``dim``: a view when they lie back to back, else a concatenation."""
+    view = back_to_back(parts, dim)
+    return view if view is not None else torch.cat([p.contiguous() for p in parts], dim=dim)
+
+
+def _codes_view(t: RTNTensor, batch: int, heads: int) -> torch.Tensor:
+    """(B, H, S, D * bits / 8) uint8: a store's view as it is, a chunk's own flat codes viewed so."""
+    if t.packed.ndim == 4:
+        return t.packed
+    return t.packed.view(batch, heads, t.shape[2], t.shape[3] * t.bits // 8)
+
+
+def _chunk_rows(t: RTNTensor, first_row: int) -> torch.Tensor:
+    """(S,) int32 stat rows of a chunk's tokens, its first row at ``first_row`` (a store's table as it is)."""
+    stored = getattr(t, "stat_rows", None)
+    if stored is not None:
+        return stored
+    s, device = t.shape[2], t.packed.device
+    if t.layout.granularity == "tensor":
+        return torch.full((s,), first_row, dtype=torch.int32, device=device)
+    return (torch.arange(s, device=device) // t.layout.token_span + first_row).to(torch.int32)
 
 
 def _pack(tensors: list[RTNTensor], batch: int, heads: int) -> _Packed:
+    """The chunks of one layout as the kernel reads them: views of their buffer when they lie back to back."""
     first = tensors[0]
-    bits, dim = first.bits, first.shape[-1]
-    codes, steps, zeros, rows = [], [], [], []
-    row_offset = 0
-    for t in tensors:
-        s = t.shape[2]
-        codes.append(t.packed.view(batch, heads, s, dim * bits // 8))
-        step = t.step.expand(batch, heads, *t.step.shape[2:])  # tensor granularity: (1, 1, 1, 1) stats
-        steps.append(step)
-        zero = t.code_zero()  # float32 zero in code units, any convention: x = (code - z) * step
-        zeros.append(zero.expand(batch, heads, *zero.shape[2:]))
-        rows.append(torch.arange(s, device=t.packed.device) // t.layout.token_span + row_offset
-                    if t.layout.granularity != "tensor" else torch.full((s,), row_offset, device=t.packed.device))
-        row_offset += step.shape[2]
+    per_token = first.layout.granularity in ("token", "token_group")
+    codes = _joined([_codes_view(t, batch, heads) for t in tensors], dim=2)
+    if first.layout.granularity == "tensor":  # (1, 1, 1, 1) stats: one row per chunk, every (b, h)
+        steps = [t.step.expand(batch, heads, 1, 1) for t in tensors]
+        zeros = None if first.zero is None else [t.zero.expand(batch, heads, 1, 1) for t in tensors]
+    else:
+        steps = [t.step for t in tensors]
+        zeros = None if first.zero is None else [t.zero for t in tensors]
+    step = _joined(steps, dim=2)
+    zero = None if zeros is None else _joined(zeros, dim=2)
+    if zero is not None and zero.stride() != step.stride():  # one view and one copy: both copies
+        step, zero = step.contiguous(), zero.contiguous()
+    rows = None
+    if not per_token:
+        parts, first_row = [], 0
+        for t, s in zip(tensors, steps):
+            parts.append(_chunk_rows(t, first_row))
+            first_row += s.shape[2]
+        rows = _joined(parts, dim=0)
+    kind, offset, scale = _zero_convention(first)
+    return _Packed(codes, step, zero, rows, first.bits, step.shape[-1], kind, offset, scale, first.rotation)
 
-    def cat(parts: list[torch.Tensor]) -> torch.Tensor:
-        return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=2)
 
-    return _Packed(cat(codes), cat(steps), cat(zeros), torch.cat(rows).to(torch.int32),
-                   bits, first.step.shape[-1], 0.0, first.rotation)
+def _zero_convention(t: RTNTensor) -> tuple[int, float, float]:
+    """(kind, offset, scale) of the kernel's dequantizer for the stored zeros (``rtn.code_zero``'s cases)."""
+    if t.zero is None:
+        return 0, float(1 << (t.bits - 1)), 1.0
+    if t.zero_point == "min_aligned":
+        return 3, 0.0, 1.0
+    if t.zero_point == "fixed_point":
+        return 2, 0.0, 1.0 / (1 << fixed_point_frac_bits(t.bits))
+    return 1, float(zero_offset(t.zero.dtype, t.bits)), 1.0
+
+
+def storage_refusal(key, value) -> str | None:
+    """Why backend=triton cannot read a cache whose keys and values are quantized by ``key`` / ``value``
+    (QuantConfigs), or None: what ``_check_storage`` would refuse at the first cached call, known from the
+    settings alone (the config checks it before any model loads)."""
+    for name, cfg in (("key", key), ("value", value)):
+        if cfg.method == "none":
+            continue
+        what = (f"quant.method={cfg.method!r}" if cfg.method != "rtn"
+                else f"quant.bits={cfg.bits}" if cfg.bits not in KERNEL_BITS
+                else "quant.dither=subtractive" if cfg.dither != "none"
+                else "quant.smoothing=channel_mean" if cfg.smoothing != "none" else None)
+        if what is not None:
+            return f"it reads RTN codes with bits in {KERNEL_BITS}, no dither and no smoothing, not {what} ({name}s)"
+    if key.method == "none" and value.method != "none":
+        return "it reads quantized keys with quantized or full-precision values, not full-precision keys alone"
+    return None
 
 
 def _check_storage(seg: SegmentLike, index: int, name: str):
@@ -142,6 +252,25 @@ def _check_storage(seg: SegmentLike, index: int, name: str):
     return stored
 
 
+def _full_precision(seg: SegmentLike, name: str) -> torch.Tensor:
+    """(B, H, K, D) full-precision keys or values of a segment as stored (no dequantized copy)."""
+    stored = getattr(seg, f"stored_{name}", None)
+    return stored.data if isinstance(stored, FullPrecisionTensor) else getattr(seg, name)
+
+
+def _operand_code(q: torch.Tensor, operands: str | None) -> int:
+    name = operands or ("float32" if q.dtype in (torch.float32, torch.float64) else str(q.dtype).split(".")[-1])
+    if name not in OPERANDS:
+        raise ValueError(f"operands={operands!r} is not allowed for q.dtype={q.dtype}: use one of {tuple(OPERANDS)} "
+                         "(None: the query's dtype)")
+    return OPERANDS[name]
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The kernel reads rows through strides but needs unit stride along the last dim."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 def triton_cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
@@ -150,16 +279,19 @@ def triton_cached_attention(
     correction: str = "none",
     scale: float | None = None,
     strength: Strength = 1.0,
-    block_m: int = 16,
-    block_n: int = 16,
+    block_m: int | None = None,
+    block_n: int | None = None,
     second_order: bool = False,
+    operands: str | None = None,
 ) -> torch.Tensor:
     """Fused attention over the packed cache: q (B, Hq, Q, D), k_cur/v_cur (B, Hkv, R, D/Dv) -> (B, Hq, Q, Dv).
 
     ``strength``: a float or a (Hq,) tensor of per-query-head strengths, folded into the query-side bias
-    columns before launch (the elementwise exact bias reads it per head in the kernel). ``second_order`` is
-    refused (the fused online softmax never holds a row's weights): ValueError naming the backends that
-    implement it.
+    columns before launch (the elementwise exact bias reads it per head in the kernel). ``operands``: the dots'
+    operand dtype, "float32" | "bfloat16" | "float16" (None: the query's; float32 runs IEEE dots, for the
+    oracle). ``block_m`` / ``block_n``: fixed tile sizes (None: autotuned on a GPU, 16 under the interpreter).
+    ``second_order`` is refused (the fused online softmax never holds a row's weights): ValueError naming the
+    backends that implement it.
     """
     refuse_second_order(second_order, "triton")
     if q.ndim != 4 or k_cur.ndim != 4:
@@ -174,34 +306,41 @@ def triton_cached_attention(
     validate_attention_inputs(q[:, :heads_kv], k_cur, v_cur, segments, correction)
     dim, dv = q.shape[-1], v_cur.shape[-1]
     for name, value in (("head_dim", dim), ("value_dim", dv), ("block_m", block_m), ("block_n", block_n)):
-        if value < 16 or value & (value - 1):
+        if value is not None and (value < 16 or value & (value - 1)):
             raise ValueError(f"{name}={value} is not allowed for backend=triton: it must be a power of two >= 16")
+    dot = _operand_code(q, operands)
     scale = resolve_scale(scale, dim)
     quantized: dict[tuple, list[tuple[RTNTensor, RTNTensor]]] = {}
     full_k, full_v = [], []
     for i, seg in enumerate(segments):
         sk, sv = _check_storage(seg, i, "k"), _check_storage(seg, i, "v")
         if sk is None and sv is None:
-            full_k.append(seg.stored_k.dequantize() if hasattr(seg, "stored_k") else seg.k)
-            full_v.append(seg.stored_v.dequantize() if hasattr(seg, "stored_v") else seg.v)
-        elif sk is None or sv is None:
+            full_k.append(_full_precision(seg, "k"))
+            full_v.append(_full_precision(seg, "v"))
+        elif sk is None:
             raise ValueError(
-                f"segments[{i}] has one of K and V quantized and the other full precision: backend=triton needs "
-                "both quantized (RTN) or both full precision"
+                f"segments[{i}] has full-precision keys and quantized values: backend=triton reads quantized keys "
+                "with quantized or full-precision values (cache.values=none), or both full precision"
             )
+        elif sv is None:  # cache.values=none: quantized keys, full-precision values read as stored
+            v_full = _full_precision(seg, "v")
+            quantized.setdefault((_layout_key(sk), ("full", v_full.dtype)), []).append((sk, v_full))
         else:
             quantized.setdefault((_layout_key(sk), _layout_key(sv)), []).append((sk, sv))
-    kf = torch.cat([t.float() for t in full_k] + [k_cur.float()], dim=2).contiguous()  # (B, Hkv, NF, D)
-    vf = torch.cat([t.float() for t in full_v] + [v_cur.float()], dim=2).contiguous()  # (B, Hkv, NF, Dv)
-    q32 = q.float().contiguous()  # (B, Hq, Q, D)
+    if full_k and len({t.dtype for t in full_k + full_v}) > 1:  # mixed dtypes (sinks and hand-built): one
+        full_k, full_v = [t.float() for t in full_k], [t.float() for t in full_v]
+    kf = _last_contiguous(_joined(full_k, dim=2)) if full_k else None  # (B, Hkv, NF, D)
+    vf = _last_contiguous(_joined(full_v, dim=2)) if full_v else None  # (B, Hkv, NF, Dv)
+    current = (_last_contiguous(k_cur), _last_contiguous(v_cur))  # (B, Hkv, R, D/Dv), read in place
     if isinstance(strength, torch.Tensor):
         strength = strength.to(device=q.device, dtype=torch.float32)  # (Hq,)
+    q_in = _last_contiguous(q)
     parts = []
     groups = list(quantized.values()) or [None]
     for index, members in enumerate(groups):
-        with_full = index == len(groups) - 1
-        parts.append(_launch(q32, members, kf if with_full else kf[:, :, :0], vf if with_full else vf[:, :, :0],
-                             correction, scale, strength, heads_kv, block_m, block_n))
+        last = index == len(groups) - 1
+        parts.append(_launch(q_in, members, (kf, vf) if last else (None, None), current if last else None,
+                             correction, scale, strength, heads_kv, (block_m, block_n), dot))
     if len(parts) == 1:
         out = parts[0][0]
     else:
@@ -211,77 +350,131 @@ def triton_cached_attention(
     return out.to(q.dtype)  # (B, Hq, Q, Dv)
 
 
-def _launch(q32, members, kf, vf, correction, scale, strength, heads_kv, block_m, block_n):
-    """One kernel launch over one storage layout's chunks (or none) and the given full-precision keys.
+@dataclass(frozen=True)
+class Layout:
+    """What the kernel is compiled for about one packed operand (K or V)."""
 
-    Returns the normalized output (B, Hq, Q, Dv) and the log-sum-exp (B, Hq, Q) of its scores.
-    """
+    bits: int = 8
+    groups: int = 1
+    zero_kind: int = 0  # as _Packed.zero_kind
+    zero_offset: float = 0.0
+    zero_scale: float = 1.0
+    rows: bool = False  # a per-token stat-row table (per-channel layouts)
+    full: bool = False  # not quantized: the values of cache.values=none, read as stored
+
+
+def _layout(p: _Packed | None) -> Layout:
+    if p is None:
+        return Layout()
+    return Layout(p.bits, p.groups, p.zero_kind, p.zero_offset, p.zero_scale, p.rows is not None)
+
+
+def kernel_constants(dim: int, dv: int, group: int, k: Layout, v: Layout, bias: int, terms: int, dot: int,
+                     v_rotated: bool) -> dict:
+    """The kernel's compile-time arguments (one compiled kernel per distinct dict; block sizes apart)."""
+    return dict(DIM=dim, DV=dv, GROUP=group,
+                KBITS=k.bits, KG=k.groups, KZKIND=k.zero_kind, KZOFF=k.zero_offset, KZSCALE=k.zero_scale, KROWS=k.rows,
+                VBITS=v.bits, VG=v.groups, VZKIND=v.zero_kind, VZOFF=v.zero_offset, VZSCALE=v.zero_scale, VROWS=v.rows,
+                VFULL=v.full,
+                BIAS=bias, TERMS=terms, SMALL_TERMS=_SMALL_TERMS, GP=max(_MIN_DOT, k.groups), DOT=dot,
+                V_ROT=v_rotated)
+
+
+def _series_query_columns(qr: torch.Tensor, groups: int, q_max: torch.Tensor, terms: int,
+                          weight: Strength) -> torch.Tensor:
+    """``correction.exact_series_query_columns`` times strength and log2 e, (B, Hq, Q, G*N) float32, built in
+    place: two query-sized float32 temporaries whatever the series length (the shared helper makes one per term)."""
+    batch, heads, n_q, dim = qr.shape
+    r2 = (qr.float() / q_max.clamp_min(torch.finfo(torch.float32).tiny)).square_()  # (B, Hq, Q, D), each in [0, 1]
+    r2 = r2.unflatten(-1, (groups, dim // groups))  # (B, Hq, Q, G, g)
+    power = r2.clone()
+    out = torch.empty(batch, heads, n_q, terms, groups, device=qr.device)  # term-major columns n*G + j
+    for n, a_n in enumerate(log_sinhc_series_coefficients(terms)):
+        torch.sum(power, dim=-1, out=out[:, :, :, n])
+        out[:, :, :, n].mul_(a_n)
+        if n + 1 < terms:
+            power.mul_(r2)
+    out = out.flatten(-2)
+    return out.mul_(weight * _LOG2E) if isinstance(weight, torch.Tensor) else out.mul_(float(weight) * _LOG2E)
+
+
+def _strides(t: torch.Tensor | None, dims: int = 3) -> tuple[int, ...]:
+    return (0,) * dims if t is None else tuple(t.stride()[:dims])
+
+
+def _launch(q, members, full, current, correction, scale, strength, heads_kv, blocks, dot):
+    """One kernel launch over one storage layout's chunks (or none), the given cached full-precision keys and
+    the current chunk (or none). Returns the normalized output (B, Hq, Q, Dv) float32 and the log-sum-exp
+    (B, Hq, Q) of its scores."""
     import triton
 
-    batch, heads_q, n_q, dim = q32.shape
-    dv = vf.shape[-1]
-    device = q32.device
-    dummy_u8 = torch.zeros(1, dtype=torch.uint8, device=device)
-    dummy_f = torch.zeros(1, dtype=torch.float32, device=device)
-    dummy_i = torch.zeros(1, dtype=torch.int32, device=device)
-    bias_mode, terms, u_scale, qb, qr = BIAS_NONE, 1, 0.0, dummy_f, q32
+    batch, heads_q, n_q, dim = q.shape
+    device = q.device
+    coef, dummy_u8, dummy_f, dummy_i = _constants(device)
+    kf, vf = full
+    kx, vx = current if current is not None else (None, None)
+    dv = (vx if vx is not None else vf if vf is not None else members[0][1]).shape[-1]
+    bias_mode, terms, qb, q_max, qr = BIAS_NONE, 1, dummy_f, dummy_f, q
+    head_strength = dummy_f
     if members is not None:
         kp = _pack([m[0] for m in members], batch, heads_kv)
-        vp = _pack([m[1] for m in members], batch, heads_kv)
+        if isinstance(members[0][1], torch.Tensor):  # full-precision values: one view (or a concatenation)
+            vp, v_full = None, _last_contiguous(_joined([m[1] for m in members], dim=2))  # (B, Hkv, N, Dv)
+        else:
+            vp, v_full = _pack([m[1] for m in members], batch, heads_kv), None
         if kp.rotation is not None:
-            qr = kp.rotation.apply(q32).contiguous()  # (B, Hq, Q, D): rotated keys need only the rotated query
+            qr = kp.rotation.apply(q.float())  # (B, Hq, Q, D): rotated keys need only the rotated query
+        weight = strength_view(strength, q, torch.float32)  # float or (1, Hq, 1, 1)
         if correction == "taylor":
             bias_mode = BIAS_TAYLOR
-            weight = strength_view(strength, qr)  # float or (1, Hq, 1, 1)
-            qb = (weight * scale * scale / 24.0) * query_group_sq_norms(qr, kp.groups)  # (B, Hq, Q, G)
+            qb = (weight * (_LOG2E * scale * scale / 24.0)) * query_group_sq_norms(qr.float(), kp.groups)  # (B, Hq, Q, G)
         elif correction == "exact":
-            q_max = qr.abs().amax()
-            bound = float(0.5 * scale * q_max * kp.step.float().abs().amax())
-            if bound <= SERIES_MAX_ARG:
-                bias_mode, terms = BIAS_SERIES, series_terms_for(qr, q_max, bound, strength, q32.dtype)  # the kernel computes in fp32
-                u_scale = float(0.5 * scale * q_max)
-                columns = exact_series_query_columns(qr, kp.groups, q_max, terms)  # (B, Hq, Q, G * terms)
-                qb = strength_view(strength, qr) * columns
-            else:
-                bias_mode = BIAS_ELEMENTWISE
-        n, rk, rv = kp.codes.shape[2], kp.step.shape[2], vp.step.shape[2]
-        kc, ks, kz, krow = kp.codes, kp.step, kp.zero if kp.zero is not None else dummy_f, kp.row
-        vc, vs, vz, vrow = vp.codes, vp.step, vp.zero if vp.zero is not None else dummy_f, vp.row
-        kbits, kg, kzero, kzoff = kp.bits, kp.groups, kp.zero is not None, kp.zero_offset
-        vbits, vg, vzero, vzoff = vp.bits, vp.groups, vp.zero is not None, vp.zero_offset
-        v_rotation = vp.rotation
+            bias_mode = BIAS_EXACT
+            terms = series_terms_fixed(dim, q.dtype, strength)
+            q_max = qr.float().abs().amax()  # () on the device: read by the kernel, never by the host
+            qb = _series_query_columns(qr, kp.groups, q_max, terms, weight)  # (B, Hq, Q, G*N)
+            head_strength = (strength if isinstance(strength, torch.Tensor)
+                             else torch.full((heads_q,), float(strength), dtype=torch.float32, device=device))
+        n = kp.codes.shape[2]
+        if kp.groups & (kp.groups - 1):  # tl.arange over the groups (D / g with D a power of two: always)
+            raise ValueError(f"{kp.groups} step groups per key are not allowed for backend=triton: "
+                             "use a power of two")
     else:
-        n = rk = rv = 0
-        kc, ks, kz, krow = dummy_u8, dummy_f, dummy_f, dummy_i
-        vc, vs, vz, vrow = dummy_u8, dummy_f, dummy_f, dummy_i
-        kbits = vbits = 8
-        kg = vg = 1
-        kzero = vzero = False
-        kzoff = vzoff = 0.0
-        v_rotation = None
+        kp = vp = v_full = None
+        n = 0
+    qr = _last_contiguous(qr)
     qb = qb.contiguous()
-    # (Hq,) per-head strength: only the elementwise exact bias reads it in the kernel (the others carry it in qb)
-    head_strength = (strength if isinstance(strength, torch.Tensor)
-                     else torch.full((heads_q,), float(strength), dtype=torch.float32, device=device)).contiguous()
-    coef = torch.tensor(log_sinhc_series_coefficients(_SMALL_TERMS), dtype=torch.float32, device=device)
-    out_q = torch.empty(batch, heads_q, n_q, dv, device=device)
-    out_f = torch.empty_like(out_q)
-    lse = torch.empty(batch, heads_q, n_q, device=device)
-    unroll = kg <= _UNROLL_GROUPS
-    if not unroll and (kg < 16 or kg & (kg - 1)):
-        raise ValueError(f"{kg} step groups per key are not allowed for backend=triton: use <= {_UNROLL_GROUPS} "
-                         "or a power of two >= 16")
-    grid = (triton.cdiv(n_q, block_m), batch * heads_q)
-    _kernel()[grid](
-        q32, qr, qb, kc, ks, kz, krow, vc, vs, vz, vrow, kf, vf, coef, out_q, out_f, lse,
-        heads_q, heads_kv, n_q, n, rk, rv, kf.shape[2], qb.shape[-1] if qb.ndim == 4 else 1,
-        scale, u_scale, 0.5 * scale, head_strength,
-        DIM=dim, DV=dv, GROUP=heads_q // heads_kv,
-        KBITS=kbits, KG=kg, K_HAS_ZERO=kzero, KZOFF=kzoff,
-        VBITS=vbits, VG=vg, V_HAS_ZERO=vzero, VZOFF=vzoff,
-        BIAS=bias_mode, TERMS=terms, SMALL_TERMS=_SMALL_TERMS, UNROLL=unroll,
-        BLOCK_M=block_m, BLOCK_N=block_n,
-    )
+    v_rotation = vp.rotation if vp is not None else None
+    out_q = torch.empty(batch, heads_q, n_q, dv, device=device)  # (B, Hq, Q, Dv)
+    out_f = torch.empty_like(out_q) if v_rotation is not None else dummy_f
+    lse = torch.empty(batch, heads_q, n_q, device=device)  # (B, Hq, Q)
+
+    def packed_args(p: _Packed | None) -> list:
+        if p is None:
+            return [dummy_u8, 0, 0, 0, dummy_f, 0, 0, 0, dummy_f, dummy_i]
+        return [p.codes, *_strides(p.codes), p.step, *_strides(p.step),
+                p.zero if p.zero is not None else dummy_f, p.rows if p.rows is not None else dummy_i]
+
+    def full_args(t: torch.Tensor | None) -> list:
+        return [t if t is not None else dummy_f, *_strides(t)]
+
+    args = [q, *_strides(q), qr, *_strides(qr), qb, qb.shape[-1] if qb.ndim == 4 else 1, q_max,
+            *packed_args(kp), *(packed_args(vp) if v_full is None else full_args(v_full) + packed_args(None)[4:]), n,
+            *full_args(kf), *full_args(vf), kf.shape[2] if kf is not None else 0,
+            *full_args(kx), *full_args(vx), kx.shape[2] if kx is not None else 0,
+            coef, head_strength, out_q, out_f, lse, heads_q, n_q, scale * _LOG2E, 0.5 * scale]
+    constants = kernel_constants(dim, dv, heads_q // heads_kv, _layout(kp),
+                                 _layout(vp) if v_full is None else Layout(full=True), bias_mode, terms, dot,
+                                 v_rotation is not None)
+    block_m, block_n = blocks
+    if block_m is None and block_n is None and not _interpret():
+        grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads_q)  # noqa: E731
+        _kernel(tuned=True)[grid](*args, **constants)
+    else:
+        block_m = block_m or _INTERPRETED_BLOCKS[0]
+        block_n = block_n or _INTERPRETED_BLOCKS[1]
+        _kernel(tuned=False)[(triton.cdiv(n_q, block_m), batch * heads_q)](*args, **constants, BLOCK_M=block_m,
+                                                                           BLOCK_N=block_n)
     if v_rotation is not None:
-        out_q = v_rotation.inverse(out_q)  # values were accumulated in their rotated basis
-    return out_q + out_f, lse
+        out_q = v_rotation.inverse(out_q) + out_f  # values were accumulated in their rotated basis
+    return out_q, lse

@@ -146,8 +146,11 @@ class ModelFamily:
     def check_backend(self, backend: str) -> None:
         """Every registered backend (jensenkv.attention.ATTENTION_BACKENDS) but the refused ones."""
         if backend in self.refused_backends:
+            from jensenkv.attention.backends import ATTENTION_BACKENDS
+
+            allowed = tuple(name for name in ATTENTION_BACKENDS if name not in self.refused_backends)
             fail("attention.backend", backend,
-                 f"model.kind={self.kind} cannot use it: {self.refused_backends[backend]}")
+                 f"model.kind={self.kind} cannot use it ({self.refused_backends[backend]}); it allows {allowed}")
 
     # --- what needs files -------------------------------------------------------------------------------
     def geometry(self, model: Any, generation: Any) -> Geometry | None:

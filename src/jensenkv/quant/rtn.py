@@ -126,7 +126,14 @@ def round_down_to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class RTNTensor(QuantizedTensor):
-    """RTN-quantized (B, H, S, D) tensor: packed codes + stored steps (+ zero points when asymmetric)."""
+    """RTN-quantized (B, H, S, D) tensor: packed codes + stored steps (+ zero points when asymmetric).
+
+    ``packed`` is the flat code stream, or, for a chunk held in a cache's store (``quant.store``), a
+    (B, H, S, D * bits / 8) view of the store's buffer (the same bytes, token by token); such a per-channel
+    chunk also carries ``stat_rows``, its tokens' stat rows in the store's buffer.
+    """
+
+    stat_rows: torch.Tensor | None = None  # (S,) int32, set by a store for per-channel layouts
 
     def __init__(
         self,
@@ -139,7 +146,7 @@ class RTNTensor(QuantizedTensor):
         zero_point: str | None = None,
         dither: DitherDraw | None = None,
     ):
-        self.packed = packed  # (ceil(B*H*S*D*bits/8),) uint8
+        self.packed = packed  # (ceil(B*H*S*D*bits/8),) uint8, or a store's (B, H, S, D*bits/8) view
         self.step = step  # (b, h, S_groups, D_groups) in scale_dtype
         # like step; None when symmetric. integer: the zero point in codes (int8 stored centred); fixed_point:
         # int8 zero * 2^F; min_aligned: the group minimum itself (the value code 0 stands for), in a float dtype.

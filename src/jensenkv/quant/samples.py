@@ -74,6 +74,13 @@ def stack_samples(parts: list[QuantizedTensor]) -> QuantizedTensor:
 def _video_rtn(stored: RTNTensor, b: int) -> RTNTensor:
     batch = stored.shape[0]
     shape = (1, *stored.shape[1:])
+    if stored.packed.ndim == 4:  # held in a cache's store: video b's rows are views of its buffers, no copy
+        own = slice(b, b + 1)
+        video = RTNTensor(stored.packed[own], stored.step[own], None if stored.zero is None else stored.zero[own],
+                          stored.bits, GroupLayout(stored.layout.granularity, stored.layout.group_size, shape),
+                          stored.rotation, stored.zero_point, stored.dither)
+        video.stat_rows = stored.stat_rows
+        return video
     numel = shape[1] * shape[2] * shape[3]
     if packed_nbytes(numel, stored.bits) * 8 == numel * stored.bits:
         n = packed_nbytes(numel, stored.bits)
@@ -96,7 +103,7 @@ def video_of(stored: QuantizedTensor, b: int) -> QuantizedTensor:
     if stored.shape[0] == 1:
         return stored
     if isinstance(stored, FullPrecisionTensor):
-        video = FullPrecisionTensor(stored.data[b:b + 1], stored.data.dtype)
+        video = FullPrecisionTensor.view_of(stored.data[b:b + 1])  # (1, H, S, D): stored tensors are never written
     elif isinstance(stored, RTNTensor):
         video = _video_rtn(stored, b)
     elif isinstance(stored, ChannelMeanTensor):

@@ -24,3 +24,14 @@ class GroupSteps:
 
     step: torch.Tensor  # (B, H, K, G)
     rotation: RandomHadamard | None = None
+
+
+def step_max(step: torch.Tensor) -> torch.Tensor:
+    """() float32: the largest of stored steps (any stored dtype, positive by construction), read in place.
+
+    float8 has no max kernel; positive floats are ordered like their bit patterns, so its max is taken on the
+    uint8 view (no float copy of the steps).
+    """
+    if step.dtype.is_floating_point and step.element_size() == 1:
+        return step.view(torch.uint8).amax().view(step.dtype).float()
+    return step.amax().float()

@@ -52,6 +52,13 @@ class FullPrecisionTensor(QuantizedTensor):
         self.shape = tuple(self.data.shape)
         self.rotation = None
 
+    @classmethod
+    def view_of(cls, data: torch.Tensor) -> FullPrecisionTensor:
+        """A stored tensor over ``data`` (B, H, S, D) as it is: no copy (a store's buffer, one video's rows)."""
+        stored = cls.__new__(cls)
+        stored.data, stored.shape, stored.rotation = data, tuple(data.shape), None
+        return stored
+
     @property
     def nbytes(self) -> int:
         return tensor_nbytes(self.data)

@@ -1,10 +1,11 @@
 """MAGI-1's self-attention over the suite's KV cache, with grouped-query heads.
 
 One ``ChunkedKVCache`` per layer holds keys after the k-LayerNorm and RoPE and values, with the KV heads
-NOT expanded (so ``nbytes`` counts KV heads). At attention time the visible cached chunks and the
-in-flight chunks are expanded to the query heads (query head h reads KV head h // (H / H_kv)) and handed
-to the suite's attention functions, so quantization (on commit), the Jensen-bias correction and the
-probes are the same as for every other model.
+NOT expanded (so ``nbytes`` counts KV heads). A backend that reads KV heads as stored
+(``attention.backends.reads_kv_heads``: the Triton kernel) gets the cache's views and the in-flight K/V as
+they are; for the others, and for the probes, the visible cached chunks and the in-flight chunks are
+expanded to the query heads (query head h reads KV head h // (H / H_kv)) for the call. Quantization (on
+commit), the Jensen-bias correction and the probes are the same as for every other model.
 
 A batch of B videos runs in one forward: each cache holds B rows, one per video, each quantized as if alone
 (``ChunkedKVCache``), and the probes are computed video by video.
@@ -17,11 +18,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache, StoredSegment
 from jensenkv.attention.config import layer_strengths
 from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.correction import GroupSteps
-from jensenkv.attention.backends import get_backend
+from jensenkv.attention.backends import get_backend, reads_kv_heads
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
 
 
@@ -82,8 +83,16 @@ class MagiLayerCaches:
         the KV heads' stored form, the expanded copies live as long as the attention call that reads them."""
         return [expand_segment(seg, self.groups) for seg in self.caches[layer].segments()]
 
+    def stored_segments(self, layer: int) -> list[StoredSegment]:
+        """Layer's visible cached chunks as the cache's views, KV heads as stored (nothing expanded or copied)."""
+        return self.caches[layer].segments()
+
     def attention_fn(self) -> Callable[..., torch.Tensor]:
         return get_backend(self.attention.backend)  # looked up per call: registered kernels (and test spies) apply
+
+    def reads_kv_heads(self) -> bool:
+        """Whether the backend takes the KV heads as stored (else every call expands them to the query heads)."""
+        return reads_kv_heads(self.attention.backend)
 
     def probing(self, layer: int, step: int | None) -> bool:
         return self.attention.probes_at(layer, step)
@@ -106,7 +115,9 @@ class WindowAttention:
         """q (B, H, S, D); k, v (B, H_kv, S, D) over the window's chunks (equal lengths) -> (B, H, S, D)."""
         caches, groups = self.caches, self.caches.groups
         tokens = q.shape[2] // len(self.window)
-        cached = caches.segments(layer) if self.use_cache else []
+        native = caches.reads_kv_heads()
+        stored = caches.stored_segments(layer) if self.use_cache else []
+        cached = stored if native else [expand_segment(seg, groups) for seg in stored]
         fn = caches.attention_fn()
         outs = []
         for position, chunk in enumerate(self.window):
@@ -115,10 +126,14 @@ class WindowAttention:
             keys = slice((position - in_flight) * tokens, (position + 1) * tokens)
             segments = limit_kv_range(cached, cache_limit)
             q_c = q[:, :, rows]  # (B, H, T, D)
-            k_c = k[:, :, keys].repeat_interleave(groups, dim=1)  # (B, H, (in_flight+1)*T, D)
-            v_c = v[:, :, keys].repeat_interleave(groups, dim=1)
-            outs.append(attend_videos(fn, q_c, k_c, v_c, segments, self.caches.attention, self.caches.strengths[layer]))
+            k_c, v_c = k[:, :, keys], v[:, :, keys]  # (B, H_kv, (in_flight+1)*T, D): views, as computed
+            if not native:
+                k_c, v_c = k_c.repeat_interleave(groups, dim=1), v_c.repeat_interleave(groups, dim=1)  # (B, H, ., D)
+            outs.append(attend_videos(fn, q_c, k_c, v_c, segments, caches.attention, caches.strengths[layer]))
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):
+                if native:  # the probes read query heads
+                    k_c, v_c = k_c.repeat_interleave(groups, dim=1), v_c.repeat_interleave(groups, dim=1)
+                    segments = [expand_segment(seg, groups) for seg in segments]
                 self._record_probes(layer, chunk, q_c, k_c, v_c, segments)
         if self.commit_position is not None:
             rows = slice(self.commit_position * tokens, (self.commit_position + 1) * tokens)

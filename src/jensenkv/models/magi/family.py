@@ -42,8 +42,6 @@ class MagiFamily(ModelFamily):
     cpu_batch_size = 32
     generation_node = "magi"    # generation.magi: required here, refused elsewhere (ModelFamily.check_generation)
     extra_chunks_in_flight = 1  # the finished chunk re-run at clean_t in the next tick's forward
-    refused_backends = {"triton": "its GQA caches hand the kernels expanded dense segments, without the packed "
-                                  "form the Triton kernel reads; use cached, reference or flex"}
 
     def check(self, model: Any) -> None:
         CheckpointNode.check(model)
