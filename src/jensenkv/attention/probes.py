@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from jensenkv.attention._inputs import (
+    TILE_ELEMENTS,
     SegmentLike,
     Strength,
     resolve_scale,
@@ -23,6 +24,7 @@ from jensenkv.attention._inputs import (
     strength_view,
     validate_attention_inputs,
 )
+from jensenkv.attention.cpu import write_segments
 from jensenkv.attention.second_order import check_second_order, second_order_scores
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
@@ -37,9 +39,6 @@ PROBE_KEYS = (
     "p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err", "bias_mean",
     "p_s_head_median", "delta_p_s_head_median",
 )
-# Elements of one (B, H, tile, K_total) score matrix; a handful of them live at once per tile. Large tiles
-# keep a GPU busy; on the CPU smaller ones stay in cache.
-TILE_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 21}
 _LOG2 = math.log(2.0)
 
 
@@ -202,8 +201,6 @@ def _stacked_pair(segments: Sequence[SegmentLike], k_cur: torch.Tensor, v_cur: t
 
     Cache views are dequantized from their stored form as the attention paths do (``cpu.write_segments``: chunks
     of one RTN layout in one pass), without building the view's own per-chunk copies."""
-    from jensenkv.attention.cpu import write_segments  # cpu imports this module's tile budget
-
     batch, heads, current, dim = k_cur.shape
     n_cached = sum(_width(seg) for seg in segments)
     total = n_cached + current
