@@ -2,11 +2,13 @@
 the calibrated strengths' cost, on a synthetic store with known answers."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from jensenkv.report.checks import (calibration_cost_lines, checks_section, effect_lines, floor, noise_floor_section,
                                     teacher_forced_section)
@@ -88,8 +90,9 @@ def test_teacher_forced_runs_are_tabulated_per_row_with_chunks(store, tmp_path):
     rows = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| rtn INT2 g32")}
     assert f"| {32 + mean_index:.2f} [" in rows["taylor"] and f"1: {31 + mean_index:.1f}, 2: {33 + mean_index:.1f}" \
         in rows["taylor"]
-    assert f"| {30 + mean_index:.2f} [" in rows["none"] and "0.0100 [0.0100, 0.0100] (n=8)" in rows["none"]
-    assert "| +2.00 [+2.00, +2.00] (n=8) " in rows["taylor"]  # paired per prompt and seed against none
+    assert f"| {30 + mean_index:.2f} [" in rows["none"]
+    assert "0.0100 [0.0100, 0.0100] (n=8 prompts, 8 videos)" in rows["none"]
+    assert "| +2.00 [+2.00, +2.00] (n=8 prompts, 8 videos) " in rows["taylor"]  # paired per video, then over prompts
 
 
 def test_the_claims_report_carries_the_checks(store):
@@ -103,3 +106,72 @@ def test_the_claims_report_carries_the_checks(store):
     assert checks_section(load_options(store)[MODEL], store, "taylor", 2) in text
     # dP_S's reference is the same call with the run's own cache in full precision, not the BF16 run
     assert "P_S(same call, the run's own cache in full precision)" in text and "P_S(BF16)" not in text
+
+
+# --- the one clustering rule: intervals over prompts, seeds nested in them --------------------------------
+_INTERVAL = re.compile(r"([+-]\d+\.\d+) \[([+-]\d+\.\d+), ([+-]\d+\.\d+)\] \(n=(\d+) prompts, (\d+) videos\)")
+
+
+def _clustered_floor(root: Path, rng: np.random.Generator, prompts: int, seeds: int, mean: float) -> pd.DataFrame:
+    """A noise floor whose dPSNR vs BF16 varies mostly between prompts (s.d. 1) and little within (s.d. 0.2)."""
+    effects = rng.normal(mean, 1.0, prompts)
+    rows = [{"base": "rtn INT2 g32 none", "perturbation": "float32 cache", "prompt": f"p{i}", "seed": seed,
+             "psnr_vs_unperturbed": 40.0, "identical": False, "psnr_vs_bf16": 25.0,
+             "d_psnr_vs_bf16": effects[i] + rng.normal(0.0, 0.2)} for i in range(prompts) for seed in range(seeds)]
+    frame = pd.DataFrame(rows)
+    frame.to_csv(root / "noise_floor.csv", index=False)
+    return frame
+
+
+def _floor_interval(root: Path) -> tuple[float, float, float, int, int]:
+    line = next(line for line in noise_floor_section(root).splitlines() if line.startswith("| rtn INT2 g32 none"))
+    mean, low, high, n, videos = _INTERVAL.findall(line)[-1]  # the last interval of the row: dPSNR vs BF16
+    return float(mean), float(low), float(high), int(n), int(videos)
+
+
+def test_noise_floor_interval_runs_over_prompts_with_seeds_nested(tmp_path):
+    """Known answer: the Student-t interval over the 4 prompt means (seeds averaged first), n = 4 prompts, 24 videos."""
+    frame = _clustered_floor(tmp_path, np.random.default_rng(3), prompts=4, seeds=6, mean=0.0)
+    means = frame.groupby("prompt")["d_psnr_vs_bf16"].mean().to_numpy()  # (4,)
+    half = stats.t.ppf(0.975, 3) * means.std(ddof=1) / 2.0
+    mean, low, high, n, videos = _floor_interval(tmp_path)
+    assert (n, videos) == (4, 24)
+    assert (mean, low, high) == pytest.approx((means.mean(), means.mean() - half, means.mean() + half), abs=0.006)
+
+
+def test_noise_floor_interval_covers_at_the_nominal_level_on_clustered_videos(tmp_path):
+    """200 stores of 6 prompts x 4 seeds, true mean 0.3: the interval over prompts covers ~0.95 of the time; an
+    interval over the 24 videos as if independent (the control, what the section printed before) covers far less."""
+    rng, truth = np.random.default_rng(11), 0.3
+    covered = naive = 0
+    for _ in range(200):
+        frame = _clustered_floor(tmp_path, rng, prompts=6, seeds=4, mean=truth)
+        _, low, high, _, _ = _floor_interval(tmp_path)
+        covered += low <= truth <= high
+        x = frame["d_psnr_vs_bf16"].to_numpy()
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        naive += abs(x.mean() - truth) <= half
+    assert 0.91 <= covered / 200 <= 0.99
+    assert naive / 200 < 0.8
+
+
+def test_teacher_forced_difference_runs_over_prompts(store, tmp_path):
+    """Two seeds per prompt: the paired tf PSNR difference is the t interval over the prompts' mean differences."""
+    root = tmp_path / "teacher_forced"
+    prompts, rng = ["a", "b", "c", "d", "e"], np.random.default_rng(4)
+    shifts = {p: 1.0 + rng.normal(0, 0.5) for p in prompts}  # the correction's gain differs between prompts
+    for correction in ("none", "taylor"):
+        videos = [{"prompt": p, "seed": seed, "missing": {},
+                   "metrics": {"tf_psnr": 30.0 + (shifts[p] + 0.01 * seed if correction == "taylor" else 0.0),
+                               "tf_rel_err": 0.01}} for p in prompts for seed in (0, 1)]
+        labels = {"model": MODEL, "quantizer": "rtn", "method": "rtn", "bits": 2, "group_size": 32,
+                  "correction": correction, "strength": 1.0}
+        ResultsStore(root).write_record({"run_id": f"tf-{correction}", "labels": labels, "identity": {},
+                                         "metrics": {"tf_psnr": 31.0, "tf_rel_err": 0.01}, "missing": {},
+                                         "per_prompt": videos, "created_at": "2026-12-01T00:00:00"})
+    line = next(line for line in teacher_forced_section(tmp_path).splitlines() if "| taylor" in line)
+    mean, low, high, n, videos = (float(v) for v in _INTERVAL.findall(line)[0])
+    d = np.array([shifts[p] + 0.005 for p in prompts])  # (5,) per-prompt mean difference over its two seeds
+    half = stats.t.ppf(0.975, 4) * d.std(ddof=1) / np.sqrt(5)
+    assert (n, videos) == (5, 10)
+    assert (mean, low, high) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half), abs=0.006)

@@ -19,6 +19,11 @@ class SegmentLike(Protocol):
     v_ref: torch.Tensor | None  # (B, H, K, Dv)
 
 
+# Elements of one (B, H, tile, K_total) score matrix of a full-row path (probes, second-order attention); a
+# handful of them live at once per tile. Large tiles keep a GPU busy; on the CPU smaller ones stay in cache.
+TILE_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 21}
+
+
 def segment_shape(seg: SegmentLike, name: str) -> tuple[int, ...]:
     """Shape of a segment's "k" or "v" without dequantizing a lazy cache view (which carries k_shape/v_shape)."""
     shape = getattr(seg, f"{name}_shape", None)

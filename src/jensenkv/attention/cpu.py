@@ -14,7 +14,7 @@ per device and dtype, shared by all layers, grown to the widest window seen), ne
   attn_mask: memory (Q, K).
 - second_order (taylor / exact): b (1 - pi) depends on the row's softmax, which no single SDPA call can
   express; ``second_order_attention`` tiles the queries and works on full score rows (memory per tile
-  bounded by ``probes.TILE_ELEMENTS``).
+  bounded by ``_inputs.TILE_ELEMENTS``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from jensenkv.attention._inputs import (
+    TILE_ELEMENTS,
     SegmentLike,
     Strength,
     resolve_scale,
@@ -350,11 +351,9 @@ def second_order_attention(
 
     Query tiles of t rows each hold full (B, H, t, K_total) rows: pass 1 the first-order scores s_hat - b and
     their softmax pi, pass 2 s_hat - b + b pi, softmax and @ V. t keeps one score matrix within
-    ``probes.TILE_ELEMENTS`` (``query_tile`` caps it further). b comes from the bias's factor tables
+    ``_inputs.TILE_ELEMENTS`` (``query_tile`` caps it further). b comes from the bias's factor tables
     (``bias_column_tables``), or the elementwise exact bias per tile when it has no column form.
     """
-    from jensenkv.attention.probes import TILE_ELEMENTS  # one tile budget for every full-row path
-
     batch, heads, n_q, _ = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)

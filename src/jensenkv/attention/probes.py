@@ -14,7 +14,17 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import SegmentLike, Strength, resolve_scale, strength_view, validate_attention_inputs
+from jensenkv.attention._inputs import (
+    TILE_ELEMENTS,
+    SegmentLike,
+    Strength,
+    resolve_scale,
+    segment_has_steps,
+    segment_shape,
+    strength_view,
+    validate_attention_inputs,
+)
+from jensenkv.attention.cpu import write_segments
 from jensenkv.attention.second_order import check_second_order, second_order_scores
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
@@ -29,9 +39,6 @@ PROBE_KEYS = (
     "p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err", "bias_mean",
     "p_s_head_median", "delta_p_s_head_median",
 )
-# Elements of one (B, H, tile, K_total) score matrix; a handful of them live at once per tile. Large tiles
-# keep a GPU busy; on the CPU smaller ones stay in cache.
-TILE_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 21}
 _LOG2 = math.log(2.0)
 
 
@@ -45,6 +52,7 @@ def attention_probes(
     strength: Strength = 1.0,
     query_tile: int = 1024,
     second_order: bool = False,
+    attended: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Probe statistics (all float; float32 work, float64 for float64 input), keys ``PROBE_KEYS``:
 
@@ -59,34 +67,43 @@ def attention_probes(
     s_hat - b (1 - pi) the attention backends use (``jensenkv.attention.second_order``), and bias_mean is the
     mean of b (1 - pi), the amount actually subtracted.
     q: (B, H, Q, D); k_cur, v_cur: (B, H, R, D), (B, H, R, Dv). query_tile caps the rows per tile.
+    ``attended``: the output (B, H, Q, Dv) the attention call already computed from these very inputs, used as
+    the quantized output instead of recomputing it (used only in the work dtype: a lower-precision output
+    would move out_mse); the scores of the current chunk's keys, equal on both sides, are computed once.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     check_second_order(second_order, correction)
     if query_tile < 1:
         raise ValueError(f"query_tile={query_tile} is not allowed: it must be >= 1")
+    expected = (*q.shape[:-1], v_cur.shape[-1])
+    if attended is not None and tuple(attended.shape) != expected:
+        raise ValueError(f"attended with shape {tuple(attended.shape)} is not allowed: expected {expected} "
+                         "(B, H, Q, Dv), the attention output of these inputs")
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, n_q, _ = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     device = q.device
-    n_cached = sum(seg.k.shape[-2] for seg in segments)
-    keys = torch.cat([seg.k for seg in segments] + [k_cur], dim=2).to(work)  # (B, H, K_total, D)
-    values = torch.cat([seg.v for seg in segments] + [v_cur], dim=2).to(work)  # (B, H, K_total, Dv)
-    keys_ref = torch.cat([_ref(seg, "k") for seg in segments] + [k_cur], dim=2).to(work)
-    values_ref = torch.cat([_ref(seg, "v") for seg in segments] + [v_cur], dim=2).to(work)
+    keys, values = _stacked_pair(segments, k_cur, v_cur, work)  # (2, B, H, K_total, D), (2, B, H, K_total, Dv)
+    n_cached = keys.shape[-2] - k_cur.shape[-2]
     qw = q.to(work)  # (B, H, Q, D)
     biases = _segment_biases(qw, segments, correction, scale, strength) if correction != "none" else []
-    bias_count = sum(batch * heads * n_q * seg.k.shape[-2] for seg in segments if seg.steps is not None)
+    bias_count = sum(batch * heads * n_q * _width(seg) for seg in segments if segment_has_steps(seg))
 
     acc = torch.float64 if device.type == "cpu" or work == torch.float64 else torch.float32
-    head_p_s = torch.zeros(heads, dtype=acc, device=device)
-    head_p_s_ref = torch.zeros(heads, dtype=acc, device=device)
+    head_p_s = torch.zeros(2, heads, dtype=acc, device=device)  # quantized, reference
     sums = torch.zeros(4, dtype=acc, device=device)  # jsd, squared error, squared reference, bias
     budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cpu"])
-    tile = max(1, min(query_tile, budget // max(1, batch * heads * keys.shape[2])))
+    tile = max(1, min(query_tile, budget // max(1, 2 * batch * heads * keys.shape[-2])))
+    cached_keys_t = keys[..., :n_cached, :].transpose(-1, -2)  # (2, B, H, D, K_cached)
+    current_keys_t = k_cur.to(work).transpose(-1, -2)  # (B, H, D, R): the same on both sides
+    reuse = attended is not None and attended.dtype == work
     for start in range(0, n_q, tile):
         rows = slice(start, start + tile)
         q_tile = qw[:, :, rows]  # (B, H, t, D)
-        scores = scale * q_tile @ keys.transpose(-1, -2)  # (B, H, t, K_total)
+        both = q_tile.new_empty(2, batch, heads, q_tile.shape[2], keys.shape[-2])  # (2, B, H, t, K_total)
+        both[..., :n_cached] = scale * q_tile @ cached_keys_t  # quantized (+ bias below), reference
+        both[..., n_cached:] = scale * q_tile @ current_keys_t  # (B, H, t, R) broadcast to both
+        scores = both[0]  # (B, H, t, K_total), a view
         full_bias = torch.zeros_like(scores) if second_order and biases else None  # (B, H, t, K_total)
         for offset, width, bias_of in biases:
             bias = bias_of(rows)  # (B, H, t, K_i)
@@ -97,18 +114,19 @@ def attention_probes(
         if full_bias is not None:  # s_hat - b (1 - pi): b pi added back, so b pi leaves the subtracted sum
             raised = second_order_scores(scores, full_bias)
             sums[3] -= (raised - scores).sum()
-            scores = raised
-        log_p = torch.log_softmax(scores, dim=-1)  # (B, H, t, K_total)
-        log_r = torch.log_softmax(scale * q_tile @ keys_ref.transpose(-1, -2), dim=-1)
-        p, r = log_p.exp(), log_r.exp()
-        head_p_s += p[..., :n_cached].sum((0, 2, 3))  # (H,)
-        head_p_s_ref += r[..., :n_cached].sum((0, 2, 3))
-        sums[0] += _jensen_shannon_finite(p, r, log_p, log_r).sum()
-        out, out_ref = p @ values, r @ values_ref  # (B, H, t, Dv)
+            both[0] = raised
+        log_both = torch.log_softmax(both, dim=-1)  # (2, B, H, t, K_total)
+        p_both = log_both.exp()
+        head_p_s += p_both[..., :n_cached].sum((1, 3, 4))  # (2, H)
+        sums[0] += _jensen_shannon_finite(p_both[0], p_both[1], log_both[0], log_both[1]).sum()
+        if reuse:
+            out, out_ref = attended[:, :, rows], p_both[1] @ values[1]  # (B, H, t, Dv) each
+        else:
+            out, out_ref = p_both @ values  # (B, H, t, Dv) each: quantized, reference
         sums[1] += (out - out_ref).square().sum()
         sums[2] += out_ref.square().sum()
     rows_total = batch * n_q
-    head_p_s, head_p_s_ref = head_p_s / rows_total, head_p_s_ref / rows_total  # (H,) per-head means
+    head_p_s, head_p_s_ref = head_p_s[0] / rows_total, head_p_s[1] / rows_total  # (H,) per-head means
     stats = torch.cat([sums, head_p_s.mean()[None], head_p_s_ref.mean()[None], head_p_s.median()[None],
                        (head_p_s - head_p_s_ref).median()[None]]).tolist()  # the one read-back
     jsd_sum, sq_err_sum, sq_ref_sum, bias_sum, p_s, p_s_ref, p_s_median, delta_median = stats
@@ -135,22 +153,32 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
     """
     entries, offset = [], 0
     for seg in segments:
-        width = seg.k.shape[-2]
-        if seg.steps is not None:
+        width = _width(seg)  # a cache view's stored shape: reading seg.k would dequantize the chunk again
+        if segment_has_steps(seg):
             entries.append((offset, width, seg.steps))
         offset += width
     if not entries:
         return []
     strength = strength_view(strength, q)  # float or (1, H, 1, 1): every bias below is (B, H, ...)
-    based = [bias_basis_query(q, steps) for _, _, steps in entries]  # (B, H, Q, D) each
-    steps_w = [steps.step.to(q.dtype) for _, _, steps in entries]  # (B, H, K_i, G) each
     out = []
-    if correction == "taylor":
-        for (offset, width, _), qb, step in zip(entries, based, steps_w):
-            qn2 = query_group_sq_norms(qb, step.shape[-1]) * (strength * scale * scale / 24.0)  # (B, H, Q, G)
-            k_cols = step.square().transpose(-1, -2)  # (B, H, G, K_i)
+    if correction == "taylor":  # adjacent segments of one (G, rotation) share the query factor: one product
+        runs: list[list] = []  # [offset, width, steps, [step (B, H, K_i, G), ...]]
+        for offset, width, steps in entries:
+            last = runs[-1] if runs else None
+            if last and last[0] + last[1] == offset and _same_kind(last[2], steps):
+                last[1] += width
+                last[3].append(steps.step)
+            else:
+                runs.append([offset, width, steps, [steps.step]])
+        for offset, width, steps, parts in runs:
+            step = torch.cat(parts, dim=2).to(q.dtype) if len(parts) > 1 else parts[0].to(q.dtype)  # (B, H, K, G)
+            qn2 = query_group_sq_norms(bias_basis_query(q, steps), step.shape[-1]) \
+                * (strength * scale * scale / 24.0)  # (B, H, Q, G)
+            k_cols = step.square().transpose(-1, -2)  # (B, H, G, K)
             out.append((offset, width, lambda rows, a=qn2, b=k_cols: a[:, :, rows] @ b))
         return out
+    based = [bias_basis_query(q, steps) for _, _, steps in entries]  # (B, H, Q, D) each
+    steps_w = [steps.step.to(q.dtype) for _, _, steps in entries]  # (B, H, K_i, G) each
     q_maxes = torch.stack([qb.abs().amax() for qb in based])  # (S,)
     bounds = 0.5 * scale * q_maxes * torch.stack([step.abs().amax() for step in steps_w])
     use_series = ((q_maxes == 0) | (bounds <= SERIES_MAX_ARG)).tolist()  # one host read for all segments
@@ -164,6 +192,42 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
             out.append((offset, width,
                         lambda rows, a=qb, b=step: strength * _exact_group_bias_tiled(a[:, :, rows], b, scale)))
     return out
+
+
+def _stacked_pair(segments: Sequence[SegmentLike], k_cur: torch.Tensor, v_cur: torch.Tensor,
+                  work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[cached..., current] keys (2, B, H, K_total, D) and values (2, B, H, K_total, Dv) in ``work``: index 0 the
+    (quantized) cache, 1 its full-precision reference, so that both attentions run as one batched op each.
+
+    Cache views are dequantized from their stored form as the attention paths do (``cpu.write_segments``: chunks
+    of one RTN layout in one pass), without building the view's own per-chunk copies."""
+    batch, heads, current, dim = k_cur.shape
+    n_cached = sum(_width(seg) for seg in segments)
+    total = n_cached + current
+    keys = k_cur.new_empty(2, batch, heads, total, dim, dtype=work)  # (2, B, H, K_total, D)
+    values = v_cur.new_empty(2, batch, heads, total, v_cur.shape[-1], dtype=work)  # (2, B, H, K_total, Dv)
+    for name, out, cur in (("k", keys, k_cur), ("v", values, v_cur)):
+        if work == torch.float32:  # the stored form dequantizes to float32, as seg.k / seg.v would
+            write_segments(segments, name, out[0, :, :, :n_cached])
+        start = 0
+        for seg in segments:
+            width = _width(seg)
+            if work != torch.float32:
+                out[0, :, :, start : start + width] = getattr(seg, name)
+            out[1, :, :, start : start + width] = _ref(seg, name)
+            start += width
+        out[:, :, :, n_cached:] = cur
+    return keys, values
+
+
+def _width(seg: SegmentLike) -> int:
+    """Cached tokens of a segment (a cache view's stored shape: no dequantization)."""
+    return segment_shape(seg, "k")[2]
+
+
+def _same_kind(a, b) -> bool:
+    """Two segments' GroupSteps share the bias's query factor: equal group count, the same rotation object."""
+    return a.step.shape[-1] == b.step.shape[-1] and a.rotation is b.rotation
 
 
 def evenly_spaced(total: int, count: int | None) -> tuple[int, ...]:
@@ -196,8 +260,9 @@ def _jensen_shannon_finite(p: torch.Tensor, r: torch.Tensor, log_p: torch.Tensor
     would cost an exp and a log1p). Where p + r underflows to 0 both terms vanish; the clamp keeps the log finite.
     """
     d = log_r - log_p  # (..., K)
-    s = torch.log((p + r).clamp_min_(torch.finfo(p.dtype).tiny)).sub_(log_p)
-    return (0.5 * ((p + r) * (_LOG2 - s) + r * d).sum(-1)).clamp(0.0, _LOG2)
+    m = (p + r).clamp_min_(torch.finfo(p.dtype).tiny)  # a clamped element weighs <= tiny * |log 2 - s|: nothing
+    terms = torch.log(m).sub_(log_p).neg_().add_(_LOG2).mul_(m).addcmul_(r, d)  # (p + r)(log 2 - s) + r d, in place
+    return (0.5 * terms.sum(-1)).clamp(0.0, _LOG2)
 
 
 def jensen_shannon_log(log_p: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:

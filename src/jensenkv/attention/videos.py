@@ -32,16 +32,18 @@ def attend_videos(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch
 
 
 def probe_videos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Any],
-                 settings: AttentionConfig, strength: Any) -> list[dict]:
+                 settings: AttentionConfig, strength: Any, attended: torch.Tensor | None = None) -> list[dict]:
     """One dict of probe values per video (``sample``: its index in the batch), each computed on it alone:
-    ``attention_probes`` plus the diagnostics and head moments the settings ask for."""
+    ``attention_probes`` plus the diagnostics and head moments the settings ask for. ``attended``: the
+    (B, H, T, Dv) output ``attend_videos`` returned for these inputs, reused as the quantized output."""
     records = []
     for sample in range(q.shape[0]):
         own = slice(sample, sample + 1)
         q_s, k_s, v_s = (q, k, v) if q.shape[0] == 1 else (q[own], k[own], v[own])  # (1, H, T, D)
+        out_s = attended if attended is None or q.shape[0] == 1 else attended[own]  # (1, H, T, Dv)
         segs = list(segments) if q.shape[0] == 1 else [video_segment(seg, sample) for seg in segments]
         values = attention_probes(q_s, k_s, v_s, segs, settings.correction, strength=strength,
-                                  second_order=settings.second_order)
+                                  second_order=settings.second_order, attended=out_s)
         if settings.diagnostics:
             values.update(segment_diagnostics(q_s, segs))
         if settings.head_moments:

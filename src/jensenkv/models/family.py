@@ -201,7 +201,7 @@ def video_bytes(spec: Any, extra_chunks: int = 0) -> int:
     in every branch and layer (full precision, the worst case: the BF16 reference; twice with the probes'
     reference copies) and one block's activations over its tokens in flight (the window, plus ``extra_chunks``
     a family's forward carries, e.g. MAGI-1's refreshed clean chunk). The attention paths tile their
-    score matrices to a fixed number of elements (``attention.probes.TILE_ELEMENTS``), so those do not grow
+    score matrices to a fixed number of elements (``attention._inputs.TILE_ELEMENTS``), so those do not grow
     with the batch, and each video is decoded alone."""
     g, gen = spec.geometry, spec.generation
     branches = 2 if gen.use_cfg else 1

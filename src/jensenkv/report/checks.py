@@ -19,25 +19,48 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from jensenkv.eval.stats import mean_interval
+from jensenkv.eval.stats import Interval, PairedDifference
+from jensenkv.report.intervals import cell_interval, paired
 from jensenkv.report.options import Options
+from jensenkv.report.rows import cluster_means
 from jensenkv.tracking import ResultsStore, load_results
 
 NOISE_FLOOR_FILE = "noise_floor.csv"
 TEACHER_FORCED_DIR = "teacher_forced"
 
 
-def _ci(values, digits: int = 2, signed: bool = True) -> str:
-    """"+0.12 [-0.05, +0.30] (n=8)" over finite values; "missing" without any."""
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
-    if len(x) == 0:
-        return "missing"
+def _ci(values: pd.Series, digits: int = 2, signed: bool = True) -> str:
+    """"+0.12 [-0.05, +0.30] (n=8 prompts, 24 videos)": per-video values indexed by (prompt, seed), their mean
+    and interval over prompts by the report's one clustering rule (``intervals.cell_interval``); "missing"
+    without a finite value."""
+    values = values[np.isfinite(values.to_numpy(dtype=float))]
+    return "missing" if values.empty else _fmt(cell_interval(values), digits, signed)
+
+
+def _paired_ci(treated: pd.Series, base: pd.Series, digits: int = 2) -> str:
+    """treated - base paired per (prompt, seed), then over prompts (``intervals.paired``), formatted as ``_ci``."""
+    diff = paired(treated, base)
+    return "-" if diff.n == 0 else _fmt(diff, digits, True)
+
+
+def _fmt(iv: Interval | PairedDifference, digits: int, signed: bool) -> str:
     sign = "+" if signed else ""
-    if len(x) < 2:
-        return f"{x.mean():{sign}.{digits}f} (n=1)"
-    iv = mean_interval(x)
-    return f"{iv.mean:{sign}.{digits}f} [{iv.low:{sign}.{digits}f}, {iv.high:{sign}.{digits}f}] (n={len(x)})"
+    mean = iv.delta if isinstance(iv, PairedDifference) else iv.mean
+    counts = f"(n={iv.n} prompt{'' if iv.n == 1 else 's'}, {iv.num_videos} videos)"
+    if not (math.isfinite(iv.low) and math.isfinite(iv.high)):  # one prompt: no interval
+        return f"{mean:{sign}.{digits}f} {counts}"
+    return f"{mean:{sign}.{digits}f} [{iv.low:{sign}.{digits}f}, {iv.high:{sign}.{digits}f}] {counts}"
+
+
+def _mean_abs(part: pd.DataFrame) -> float:
+    """Mean abs(dPSNR vs BF16) by the clustering rule (per prompt, then over prompts); NaN without a value."""
+    values = _by_video(part, "d_psnr_vs_bf16").abs().dropna()
+    return float(cluster_means(values).mean()) if len(values) else math.nan
+
+
+def _by_video(frame: pd.DataFrame, column: str) -> pd.Series:
+    """A column of per-video rows as a series indexed by (prompt, seed): what the clustering rule reads."""
+    return frame.set_index(["prompt", "seed"])[column].astype(float)
 
 
 # --- noise floor ----------------------------------------------------------------------------------------
@@ -54,7 +77,7 @@ def floor(frame: pd.DataFrame, base: str | None = None) -> tuple[float, str]:
         part = part[part["base"] == base]
     if part.empty:
         return math.nan, ""
-    means = part.groupby(["base", "perturbation"])["d_psnr_vs_bf16"].apply(lambda d: float(np.mean(np.abs(d))))
+    means = part.groupby(["base", "perturbation"])[["prompt", "seed", "d_psnr_vs_bf16"]].apply(_mean_abs)
     which = means.idxmax()
     return float(means.max()), f"{which[0]}: {which[1]}"
 
@@ -71,14 +94,14 @@ def noise_floor_section(results_dir: str | Path) -> str:
                                   "jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 eval.seeds=[0]`"]) + "\n"
     rows = []
     for (base, change), part in frame.groupby(["base", "perturbation"], sort=False):
-        finite = part.loc[np.isfinite(part["psnr_vs_unperturbed"]), "psnr_vs_unperturbed"]
-        moved = _ci(finite, signed=False) if len(finite) else "- (every video identical)"
+        moved_psnr = _by_video(part, "psnr_vs_unperturbed")
+        moved = _ci(moved_psnr, signed=False) if np.isfinite(moved_psnr).any() else "- (every video identical)"
         rows.append({"base": base, "change": change, "videos": str(len(part)),
                      "identical": f"{int(part['identical'].sum())} of {len(part)}",
                      "PSNR vs unperturbed (moved videos)": moved,
-                     "dPSNR vs BF16 [95% CI]": "-" if base == "bf16" else _ci(part["d_psnr_vs_bf16"]),
+                     "dPSNR vs BF16 [95% CI]": "-" if base == "bf16" else _ci(_by_video(part, "d_psnr_vs_bf16")),
                      "mean abs(dPSNR vs BF16)": "-" if base == "bf16"
-                     else f"{np.nanmean(np.abs(part['d_psnr_vs_bf16'])):.2f}"})
+                     else f"{_mean_abs(part):.2f}"})
     lines += [pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
     level, which = floor(frame)
     if math.isfinite(level):
@@ -127,19 +150,26 @@ def teacher_forced_table(results_dir: str | Path) -> pd.DataFrame:
     for _, run in runs[runs["tf_rel_err"].notna()].sort_values(["quantizer", "bits", "correction"]).iterrows():
         videos = store.read_record(run["run_id"])["per_prompt"]
         name = f"{run['quantizer']} INT{int(run['bits'])} g{int(run['group_size'])}"
-        psnr = {(v["prompt"], v["seed"]): v["metrics"].get("tf_psnr", math.nan) for v in videos}
+        psnr, rel_err = (_video_series(videos, key) for key in ("tf_psnr", "tf_rel_err"))  # (prompt, seed) index
         per_video[(name, run["correction"])] = psnr
         base = per_video.get((name, "none"))  # "none" sorts before the corrections
-        paired = [psnr[k] - base[k] for k in psnr if base is not None and k in base] \
-            if run["correction"] != "none" else []
-        chunks = pd.DataFrame([c for v in videos for c in v.get("teacher_forced", [])])
-        per_chunk = chunks.groupby("chunk")["psnr"].mean() if not chunks.empty else pd.Series(dtype=float)
+        difference = _paired_ci(psnr, base) if base is not None and run["correction"] != "none" else "-"
+        chunks = pd.DataFrame([{**c, "prompt": v["prompt"], "seed": int(v["seed"])}
+                               for v in videos for c in v.get("teacher_forced", [])])
+        per_chunk = pd.Series(dtype=float) if chunks.empty else chunks.groupby("chunk").apply(  # over prompts
+            lambda part: float(cluster_means(_by_video(part, "psnr").dropna()).mean()), include_groups=False)
         out.append({"row": name, "correction": run["correction"],
-                    "tf PSNR [95% CI]": _ci(list(psnr.values()), signed=False),
-                    "d tf PSNR vs none [95% CI]": _ci(paired) if paired else "-",
-                    "denoiser rel. error": _ci([v["metrics"].get("tf_rel_err", math.nan) for v in videos], 4, False),
+                    "tf PSNR [95% CI]": _ci(psnr, signed=False),
+                    "d tf PSNR vs none [95% CI]": difference,
+                    "denoiser rel. error": _ci(rel_err, 4, False),
                     "PSNR per chunk": ", ".join(f"{int(c)}: {p:.1f}" for c, p in per_chunk.items())})
     return pd.DataFrame(out)
+
+
+def _video_series(videos: list[dict], metric: str) -> pd.Series:
+    """A run's per-video ``metric`` indexed by (prompt, seed) (NaN where the video lacks it)."""
+    index = pd.MultiIndex.from_tuples([(v["prompt"], int(v["seed"])) for v in videos], names=["prompt", "seed"])
+    return pd.Series([v["metrics"].get(metric, math.nan) for v in videos], index=index, dtype=float)
 
 
 def teacher_forced_section(results_dir: str | Path) -> str:

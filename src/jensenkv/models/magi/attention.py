@@ -134,16 +134,18 @@ class WindowAttention:
                 if native:  # the probes read query heads
                     k_c, v_c = k_c.repeat_interleave(groups, dim=1), v_c.repeat_interleave(groups, dim=1)
                     segments = [expand_segment(seg, groups) for seg in segments]
-                self._record_probes(layer, chunk, q_c, k_c, v_c, segments)
+                self._record_probes(layer, chunk, q_c, k_c, v_c, segments, outs[-1])
         if self.commit_position is not None:
             rows = slice(self.commit_position * tokens, (self.commit_position + 1) * tokens)
             self._commit(caches.caches[layer], k[:, :, rows], v[:, :, rows])
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
     def _record_probes(self, layer: int, chunk: WindowChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       segments: list[CacheSegment]) -> None:
-        """One record per video of the batch, each computed on that video alone (``probe_videos``)."""
-        for values in probe_videos(q, k, v, segments, self.caches.attention, self.caches.strengths[layer]):
+                       segments: list[CacheSegment], attended: torch.Tensor) -> None:
+        """One record per video of the batch, each computed on that video alone (``probe_videos``), reusing the
+        attention output ``attended`` (B, H, T, Dv) of these inputs."""
+        for values in probe_videos(q, k, v, segments, self.caches.attention, self.caches.strengths[layer],
+                                   attended):
             self.caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
                                               "branch": self.pass_name, **values})
 

@@ -152,13 +152,14 @@ class CachedSelfAttnProcessor:
             q_c, k_c, v_c = q[:, :, rows], k[:, :, keys], v[:, :, keys]  # (B, H, T, D), (B, H, (in_flight+1)*T, D)
             outs.append(attend_videos(attend, q_c, k_c, v_c, segments, self.attention, self.strength))  # (B, H, T, D)
             if self.state.mode == "cached" and segments and self.attention.probes_at(self.layer_index, chunk.step):
-                self._record_probes(q_c, k_c, v_c, segments, chunk, branch)
+                self._record_probes(q_c, k_c, v_c, segments, chunk, branch, outs[-1])
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       segments: list[CacheSegment], chunk: InFlightChunk, branch: str) -> None:
-        """One record per video of the batch, each computed on that video alone (``probe_videos``)."""
-        for values in probe_videos(q, k, v, segments, self.attention, self.strength):
+                       segments: list[CacheSegment], chunk: InFlightChunk, branch: str, attended: torch.Tensor) -> None:
+        """One record per video of the batch, each computed on that video alone (``probe_videos``), reusing the
+        attention output ``attended`` (B, H, T, Dv) of these inputs."""
+        for values in probe_videos(q, k, v, segments, self.attention, self.strength, attended):
             self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step, "chunk": chunk.index,
                                              "branch": branch, **values})
 
