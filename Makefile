@@ -54,7 +54,7 @@ train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
 bench: setup ## benchmarks -> results/bench.csv and results/bench.md
 	$(PY) scripts/bench.py
 
-memory-headline: setup ## latent frames of SkyReels-V2-1.3B's cache a 4 / 8 GiB budget holds per quantizer -> results/memory_headline.{csv,md} and figure (~20 min, 10 GiB RAM)
+memory-headline: setup ## latent frames of SkyReels-V2-1.3B's cache a 4 / 8 GiB budget holds per quantizer -> results/memory_headline.{csv,md} and figure (~40 min on one core, 9 GiB RAM)
 	MALLOC_MMAP_THRESHOLD_=131072 OMP_NUM_THREADS=1 $(PY) -m jensenkv.bench.memory_headline
 
 # The GPU check (README "GPU check"). gpu-wheels runs here (it needs the registry); gpu-check runs on the CUDA

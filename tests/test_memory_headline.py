@@ -67,6 +67,8 @@ def test_outputs_are_written(tmp_path):
     md = (tmp_path / "memory_headline.md").read_text()
     assert "INT2 g=32 >= 4.5x" in md and "2.5 GiB: 5.00x (met)" in md
     assert (tmp_path / "figures" / "memory_headline.png").stat().st_size > 1000
+    steps = pd.read_csv(tmp_path / "memory_headline_frames.csv")
+    assert len(steps) == 3 + 13 and set(steps.quant) == {"bf16", "int2 g32"}
     assert frame.ratio_to_bf16.notna().all()
 
 

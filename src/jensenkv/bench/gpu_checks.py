@@ -140,6 +140,8 @@ def attention_inputs(shape: GpuShape, ctx: CheckContext, quantized: bool, seed: 
         v = torch.cat([randn(shape.heads_kv, shape.cached), v_cur], dim=2)
         return q, k, v, []
     cache = ChunkedKVCache(preset("rtn", shape.dim, **INT2), shape.dim)
+    if hasattr(cache, "reserve"):  # layer buffers sized up front: the peak memory holds no growth slack
+        cache.reserve(shape.cached)
     with torch.inference_mode():
         for start in range(0, shape.cached, shape.queries):  # one chunk at a time, as a run commits them
             n = min(shape.queries, shape.cached - start)

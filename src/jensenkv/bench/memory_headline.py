@@ -1,5 +1,6 @@
 """The memory headline: how many latent frames of SkyReels-V2-1.3B's KV cache a memory budget holds, per quantizer
-(`make memory-headline` -> results/memory_headline.{csv,md} and results/figures/memory_headline.png).
+(`make memory-headline` -> results/memory_headline.{csv,md}, memory_headline_frames.csv (every frame measured) and
+results/figures/memory_headline.png).
 
 Geometry (jensenkv.bench.subjects.SKYREELS_V2_1_3B at 544x960): 30 layers of 12 heads x 128, 2,040 tokens per
 latent frame, a cond and an uncond cache per layer (CFG). One fresh process per quantizer, with glibc's mmap
@@ -213,6 +214,8 @@ def write_outputs(rows: list[dict], trajectories: dict[str, list[dict]], geometr
     out_dir.mkdir(parents=True, exist_ok=True)
     figure_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / "memory_headline.csv", lambda f: f.write(frame.to_csv(index=False)), mode="w")
+    steps = pd.DataFrame([{"quant": label, **t} for label, trajectory in trajectories.items() for t in trajectory])
+    atomic_write(out_dir / "memory_headline_frames.csv", lambda f: f.write(steps.to_csv(index=False)), mode="w")
     budgets = sorted(frame.budget_gib.unique())
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, trajectory in trajectories.items():
@@ -231,12 +234,13 @@ def write_outputs(rows: list[dict], trajectories: dict[str, list[dict]], geometr
     plt.close(fig)
     int2 = frame[(frame.quant == "int2 g32")]
     lines = ["# Memory headline: the longest video a memory budget holds", "",
-             f"Cache geometry: {geometry.describe()} (SkyReels-V2-1.3B at 544x960 when 30 x 2 x 12 x 128 x 2040). "
-             "Per quantizer, a fresh process (MALLOC_MMAP_THRESHOLD_=131072) commits one latent frame at a time into "
-             "every layer's cond and uncond cache and runs one attention call over the whole cache (the shared "
-             "workspace included); frames held = the most frames whose peak RSS growth over the process's baseline "
-             "stayed within the budget. `theory_ratio`: BF16 bytes over stored bytes (no workspace). Video seconds "
-             f"at {FPS} fps, {VIDEO_FRAMES_PER_LATENT} video frames per latent frame.",
+             f"Cache geometry: {geometry.describe()} (SkyReels-V2-1.3B's at 544x960). Per quantizer, a fresh process "
+             "(MALLOC_MMAP_THRESHOLD_=131072) commits one latent frame at a time into every layer's cond and uncond "
+             "cache and runs one attention call over the whole cache (the shared workspace included); frames held = "
+             "the most frames whose peak RSS growth over the process's baseline stayed within the budget. "
+             "`theory_ratio`: BF16 bytes over stored bytes (no workspace); `*_per_frame`: at the last frame measured; "
+             "`workspace_gib`: the attention workspace then (one layer's window and the in-flight chunk, float32). "
+             f"Video seconds at {FPS} fps, {VIDEO_FRAMES_PER_LATENT} video frames per latent frame.",
              f"Measured {time.strftime('%Y-%m-%d', time.gmtime())} on this CPU in {seconds / 60:.1f} min. {note}", "",
              frame.to_markdown(index=False, floatfmt=".3g"), ""]
     if not int2.empty:
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--geometry", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--budget-gib", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--max-frames", type=int, default=400, help="stop a quantizer here even within budget")
+    parser.add_argument("--note", default="", help="a line for the report, e.g. the commit measured")
     args = parser.parse_args(argv)
     if args.child:
         import torch
@@ -283,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[memory-headline {time.strftime('%H:%M:%S')}] {label}: {last['frames']} frames, peak growth "
               f"{last['peak_growth'] / GIB:.2f} GiB, stored {last['stored'] / GIB:.2f} GiB", flush=True)
     rows = headline_rows(trajectories, tuple(args.budgets))
-    write_outputs(rows, trajectories, geometry, args.out_dir, args.out_dir / "figures", time.perf_counter() - started)
+    write_outputs(rows, trajectories, geometry, args.out_dir, args.out_dir / "figures", time.perf_counter() - started,
+                  args.note)
     print(pd.DataFrame(rows).to_string(index=False), flush=True)
 
 
