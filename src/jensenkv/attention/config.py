@@ -33,6 +33,9 @@ class AttentionConfig:
     probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
         eval.metrics has "attention" (null: all). Real models' presets set evenly spaced subsets
         (jensenkv.attention.probes.evenly_spaced): every layer x step x chunk x branch is ~7,200 calls per video.
+    diagnostic_steps: the denoising steps whose probes also record the diagnostics and head moments below (null:
+        every probed step). The error-model diagnostics cost more than the probes (float64, a second softmax):
+        Table 1 probes every step and diagnoses a few.
     diagnostics: each probe also records the mean error in steps, slope and corr(k, e), Var(e)/(D^2/12), the
         first-order / Jensen split of the cached partition's shift with the Jensen term's prediction, and n_eff
         (keys em_*): why the correction helps or over-corrects, per layer and step.
@@ -49,6 +52,7 @@ class AttentionConfig:
     calibration: Optional[str] = None  # path of a per-(layer, head) strength file (jensenkv.calibrate)
     probe_layers: Optional[list[int]] = None
     probe_steps: Optional[list[int]] = None
+    diagnostic_steps: Optional[list[int]] = None  # null: every probed step
     diagnostics: bool = False  # add the error-model diagnostics (jensenkv.attention.diagnostics) to each probe
     head_moments: bool = False  # add per-head shift / bias sums to each probe (what jensenkv.calibrate fits)
     probes: bool = False
@@ -62,7 +66,7 @@ class AttentionConfig:
         if self.calibration is not None and (not isinstance(self.calibration, str) or not self.calibration.strip()):
             fail("attention.calibration", self.calibration, "must be null or the path of a calibration file")
         self._check_second_order()
-        for key in ("probe_layers", "probe_steps"):
+        for key in ("probe_layers", "probe_steps", "diagnostic_steps"):
             value = getattr(self, key)
             if value is None:
                 continue
@@ -85,6 +89,10 @@ class AttentionConfig:
         """Whether a probe is recorded for this layer and denoising step."""
         return self.probes and (self.probe_layers is None or layer in self.probe_layers) and \
             (self.probe_steps is None or step in self.probe_steps)
+
+    def diagnoses_at(self, step: int | None) -> bool:
+        """Whether a probe at this denoising step also records the diagnostics and head moments asked for."""
+        return self.diagnostic_steps is None or step in self.diagnostic_steps
 
 
 def layer_strengths(attention: AttentionConfig, num_layers: int, heads: int | None = None,

@@ -32,10 +32,13 @@ def attend_videos(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch
 
 
 def probe_videos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Any],
-                 settings: AttentionConfig, strength: Any, attended: torch.Tensor | None = None) -> list[dict]:
+                 settings: AttentionConfig, strength: Any, attended: torch.Tensor | None = None,
+                 step: int | None = None) -> list[dict]:
     """One dict of probe values per video (``sample``: its index in the batch), each computed on it alone:
     ``attention_probes`` plus the diagnostics and head moments the settings ask for. ``attended``: the
-    (B, H, T, Dv) output ``attend_videos`` returned for these inputs, reused as the quantized output."""
+    (B, H, T, Dv) output ``attend_videos`` returned for these inputs, reused as the quantized output. ``step``:
+    the denoising step, which decides whether the diagnostics are added (``settings.diagnoses_at``)."""
+    diagnose = settings.diagnoses_at(step)
     records = []
     for sample in range(q.shape[0]):
         own = slice(sample, sample + 1)
@@ -44,9 +47,9 @@ def probe_videos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Se
         segs = list(segments) if q.shape[0] == 1 else [video_segment(seg, sample) for seg in segments]
         values = attention_probes(q_s, k_s, v_s, segs, settings.correction, strength=strength,
                                   second_order=settings.second_order, attended=out_s)
-        if settings.diagnostics:
+        if settings.diagnostics and diagnose:
             values.update(segment_diagnostics(q_s, segs))
-        if settings.head_moments:
+        if settings.head_moments and diagnose:
             values.update(head_shift_moments(q_s, segs, settings.correction))
         records.append({"sample": sample, **values})
     return records

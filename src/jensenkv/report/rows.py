@@ -106,9 +106,19 @@ def run_details(identity: Mapping[str, Any] | None) -> dict[str, Any]:
         "dither": key.dither if quantized else None,
         "smoothing": key.smoothing if quantized else None,
         "qvg_centroids": key.qvg_centroids if quantized and key.method == "qvg" else None,
-        "probe_steps": str(identity["probe_steps"]) if identity.get("probe_steps") is not None else None,
+        "probe_steps": _probe_steps(identity),
         "tags": setting_tags(identity),
     }
+
+
+def _probe_steps(identity: dict) -> str | None:
+    """The denoising steps a run probed: "[0, 9]", "all", or None (no probes); with the diagnostics' own steps."""
+    if "attention" not in (identity.get("metrics") or ()):
+        return None
+    steps = identity.get("probe_steps")
+    text = "all" if steps is None else str(steps)
+    diagnosed = identity.get("diagnostic_steps")
+    return text if diagnosed is None or not identity.get("diagnostics") else f"{text}; diagnostics {diagnosed}"
 
 
 def attach_details(runs: pd.DataFrame, results_dir: str | Path | None = None) -> pd.DataFrame:

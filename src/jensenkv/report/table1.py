@@ -270,9 +270,11 @@ def measurement_notes(table: pd.DataFrame) -> list[str]:
         notes.append(f"{label}: {what} pooled into one row")
     steps = table["probe_steps"].dropna().unique() if "probe_steps" in table.columns else []
     for probed in steps:
+        where, _, diagnosed = str(probed).partition("; diagnostics ")
+        where = "every denoising step" if where == "all" else f"denoising steps {where} only"
         notes.append(f"dP_S (attention mass on the cache: P_S with the quantized cache - P_S of the same call with "
-                     f"the run's own cache in full precision): mean over probes on "
-                     f"denoising steps {probed} only (every layer, chunk, branch and video)")
+                     f"the run's own cache in full precision): mean over probes on {where} (every layer, chunk, "
+                     f"branch and video)" + (f"; the error-model diagnostics on steps {diagnosed}" if diagnosed else ""))
     return notes
 
 

@@ -62,6 +62,9 @@ class RunSpec(RunConfig):
             "probe_steps": self.attention.probe_steps if probes else None,
             "diagnostics": self.attention.diagnostics and probes,
             "head_moments": self.attention.head_moments and probes,
+            # added after the committed run ids: hashed only when set, so the others keep theirs
+            **({"diagnostic_steps": self.attention.diagnostic_steps}
+               if probes and self.attention.diagnostic_steps is not None else {}),
             "prompts": self.prompts,
             "seeds": list(self.eval.seeds),
             "metrics": metrics,

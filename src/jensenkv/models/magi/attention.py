@@ -145,7 +145,7 @@ class WindowAttention:
         """One record per video of the batch, each computed on that video alone (``probe_videos``), reusing the
         attention output ``attended`` (B, H, T, Dv) of these inputs."""
         for values in probe_videos(q, k, v, segments, self.caches.attention, self.caches.strengths[layer],
-                                   attended):
+                                   attended, step=chunk.step):
             self.caches.probe_records.append({"layer": layer, "step": chunk.step, "chunk": chunk.index,
                                               "branch": self.pass_name, **values})
 

@@ -159,7 +159,8 @@ class CachedSelfAttnProcessor:
                        segments: list[CacheSegment], chunk: InFlightChunk, branch: str, attended: torch.Tensor) -> None:
         """One record per video of the batch, each computed on that video alone (``probe_videos``), reusing the
         attention output ``attended`` (B, H, T, Dv) of these inputs."""
-        for values in probe_videos(q, k, v, segments, self.attention, self.strength, attended):
+        for values in probe_videos(q, k, v, segments, self.attention, self.strength, attended,
+                                   step=chunk.step):
             self.state.probe_records.append({"layer": self.layer_index, "step": chunk.step, "chunk": chunk.index,
                                              "branch": branch, **values})
 

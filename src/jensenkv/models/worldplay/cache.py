@@ -266,7 +266,7 @@ class WorldPlayCaches:
         for b, (q_b, k_b, v_b, segs) in enumerate(parts):
             outs.append(attend_videos(fn, q_b, k_b, v_b, segs, self.attention, strength))
             if probing and segs:
-                for record in probe_videos(q_b, k_b, v_b, segs, self.attention, strength):
+                for record in probe_videos(q_b, k_b, v_b, segs, self.attention, strength, outs[-1], step=step):
                     if len(parts) > 1:
                         record["sample"] = b
                     self.probe_records.append({"layer": layer, "step": step, "chunk": chunk, "branch": branch,
