@@ -64,6 +64,17 @@ def test_a_batch_makes_each_video_as_alone(name, cls, tiny_wan_adapter):
     assert max(errors.values()) <= TOLERANCE, errors
 
 
+@pytest.mark.parametrize("videos", [1, 2], ids=lambda n: f"batch{n}")
+def test_the_fps_embedding_batches_with_cfg(videos, tiny_wan_adapter):
+    """SkyReels-V2-DF checkpoints embed the fps (inject_sample_info): with CFG the forward holds two rows per
+    video, and each video batched (with CFG) is the video alone, frames, latents and probes."""
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2(), AttentionSettings(correction="exact", **PROBES),
+                               GEN, inject_sample_info=True)
+    assert GEN.use_cfg and adapter.transformer.config.inject_sample_info
+    errors = batch_errors(adapter, PROMPTS[:videos], SEEDS[:videos], GEN)
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
 def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter, monkeypatch):
     """Quantize the batch as one tensor (per-tensor statistics over all videos, as a naive batched cache
     would): the same check then sees the videos change, so the test above can fail."""

@@ -288,11 +288,13 @@ def band_mask(limits: list[int | None], tokens_per_chunk: int) -> torch.Tensor:
     return chunk_mask.repeat_interleave(tokens_per_chunk, 0).repeat_interleave(tokens_per_chunk, 1)[None, None]
 
 
-def stock_oracle_latents(model: torch.nn.Module, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
+def stock_oracle_latents(model: torch.nn.Module, prompt: str, seed: int, cfg: GenerationConfig,
+                         fps: int | None = None) -> torch.Tensor:
     """Generation by definition, with no cache and no processor of ours: each tick is one forward of the stock
     diffusers model over [committed clean chunks at t = 0, in-flight chunks at their own t], its self-attention
     masked so that every chunk sees the chunks its limit allows (commit_kv_range for committed chunks, the
-    stage's kv_range for in-flight ones, counted back from itself). Euler, no CFG. (1, C, F_total, H, W)."""
+    stage's kv_range for in-flight ones, counted back from itself). Euler, no CFG. (1, C, F_total, H, W).
+    fps: for inject_sample_info models, passed as diffusers' SkyReels-V2 DF pipeline passes it for one video."""
     from jensenkv.generate import flow_sigmas
 
     holder: dict = {}
@@ -320,6 +322,8 @@ def stock_oracle_latents(model: torch.nn.Module, prompt: str, seed: int, cfg: Ge
             kwargs["enable_diffusion_forcing"] = True
         else:
             timestep = timestep.repeat_interleave(tokens_per_frame, dim=1)  # (1, S): per token
+        if fps is not None:
+            kwargs["fps"] = [0 if fps == 16 else 1]  # the pipeline's mapping, one entry per video
         with torch.no_grad():
             v = model(hidden_states=torch.cat([*clean, *(noisy[i] for i in order)], dim=2), timestep=timestep,
                       encoder_hidden_states=embeds, return_dict=False, **kwargs)[0]
@@ -371,3 +375,30 @@ def test_kv_limited_generation_matches_a_stock_diffusers_oracle(cls, case, tiny_
                                config=GenerationConfig(frames_per_chunk=FPC, shift=2.0, num_chunks=cfg.num_chunks,
                                                        steps=cfg.steps, window_size=cfg.window_size)).latents
     assert rel_err(unlimited, oracle) > 1e-4  # the limits matter: the oracle notices a wrong one
+
+
+@pytest.mark.parametrize("fps", [16, 24])
+def test_the_fps_embedding_matches_the_stock_diffusers_oracle(fps, tiny_wan_adapter, tiny_wan_model):
+    """inject_sample_info (the SkyReels-V2-DF checkpoints): chunk-wise generation conditioned on ``fps`` equals
+    the stock model's forwards given the fps as diffusers' pipeline gives it, and the other fps (the control)
+    moves the video, so the embedding is used and the check would see it dropped or swapped."""
+    from jensenkv.generate import generate_video
+
+    cfg = GenerationConfig(frames_per_chunk=FPC, shift=2.0, num_chunks=3, steps=2)
+    other = 24 if fps == 16 else 16
+    ours = generate_video(tiny_wan_adapter(generation=cfg, fps=fps, inject_sample_info=True), "a red square",
+                          seed=3).latents
+    def oracle(with_fps: int) -> torch.Tensor:
+        return stock_oracle_latents(tiny_wan_model(inject_sample_info=True).eval(), "a red square", 3, cfg, with_fps)
+
+    assert rel_err(ours, oracle(fps)) < 1e-5
+    assert rel_err(ours, oracle(other)) > 1e-3
+    moved = generate_video(tiny_wan_adapter(generation=cfg, fps=other, inject_sample_info=True), "a red square",
+                           seed=3).latents
+    assert rel_err(moved, ours) > 1e-3
+
+
+def test_an_fps_the_embedding_lacks_is_refused(tiny_wan_adapter):
+    with pytest.raises(ValueError, match=r"^fps=30 is not allowed: this SkyReels-V2 model embeds only 16 or 24 fps$"):
+        tiny_wan_adapter(fps=30, inject_sample_info=True)
+    assert tiny_wan_adapter(fps=30).fps == 30  # a model without the embedding never reads it

@@ -17,6 +17,10 @@ from jensenkv.models.wan.rope import ROPE_HOOK_NAME, RopeFrameOffsetHook
 from jensenkv.models.wan.state import BRANCHES, AttentionSettings, ChunkState, InFlightChunk
 
 
+# SkyReels-V2's fps embedding rows (diffusers' SkyReelsV2DiffusionForcingPipeline: 16 fps -> 0, otherwise 1)
+FPS_EMBEDDING_IDS = {16: 0, 24: 1}
+
+
 def pixel_decode(latents: torch.Tensor) -> torch.Tensor:
     """Pixel-space models: (1, C, F, H, W) in [-1, 1] -> (F, C, H, W) in [0, 1]."""
     return ((latents[0].permute(1, 0, 2, 3).float() + 1) / 2).clamp(0, 1)
@@ -44,7 +48,8 @@ class ChunkwiseAdapter:
         cache: the KV-cache settings (quantizers, sink / window); attention: see ``AttentionSettings``.
         decode: (1, C, F, H, W) latents -> (F, 3, H', W') video in [0, 1] (default: pixel space).
         clean_range: committed chunks are clamped to this range (pixel-space models; None for latents).
-        fps: SkyReels-V2 ``inject_sample_info`` models only (24 or 16).
+        fps: the frame rate a SkyReels-V2 ``inject_sample_info`` model is conditioned on (24 or 16; other
+            models ignore it).
     """
 
     def __init__(self, transformer: torch.nn.Module, encode_prompt: Callable[[list[str]], torch.Tensor],
@@ -75,6 +80,9 @@ class ChunkwiseAdapter:
         self.generation = generation
         self.decode_fn = decode
         self.clean_range = clean_range
+        if getattr(transformer.config, "inject_sample_info", False) and fps not in FPS_EMBEDDING_IDS:
+            raise ValueError(f"fps={fps!r} is not allowed: this SkyReels-V2 model embeds only "
+                             f"{' or '.join(map(str, FPS_EMBEDDING_IDS))} fps")
         self.fps = fps
         cfg = transformer.config
         self.head_dim = int(cfg.attention_head_dim)
@@ -202,7 +210,11 @@ class ChunkwiseAdapter:
         if self.is_skyreels:
             kwargs["enable_diffusion_forcing"] = True  # per-frame timesteps (B, F)
             if self.transformer.config.inject_sample_info:
-                kwargs["fps"] = [0 if self.fps == 16 else 1] * b
+                # ONE id for the whole forward: diffusers adds fps_projection(fps_embedding(fps)) repeated per frame,
+                # (len(fps) * F, 6, D), to the per-frame time projection (B, F, 6, D), which broadcasts only for
+                # len(fps) == 1 (its pipeline's one video). Every row shares the adapter's fps, and a 1-row
+                # projection rounds the same whatever the batch, so a video batched stays the video alone.
+                kwargs["fps"] = [FPS_EMBEDDING_IDS[self.fps]]
         else:
             # per token, even when every token shares one t: a (B,) timestep makes the time embedding a B-row
             # matmul, which BLAS computes for B = 1 with another kernel than for a batch's rows, so a video alone
