@@ -399,6 +399,13 @@ def test_the_fps_embedding_matches_the_stock_diffusers_oracle(fps, tiny_wan_adap
 
 
 def test_an_fps_the_embedding_lacks_is_refused(tiny_wan_adapter):
+    from jensenkv.models.config import ModelConfig
+
     with pytest.raises(ValueError, match=r"^fps=30 is not allowed: this SkyReels-V2 model embeds only 16 or 24 fps$"):
         tiny_wan_adapter(fps=30, inject_sample_info=True)
     assert tiny_wan_adapter(fps=30).fps == 30  # a model without the embedding never reads it
+    node = dict(kind="diffusers", device="cpu", transformer_class="SkyReelsV2Transformer3DModel", path="Org/Not-Cached",
+                height=64, width=64)
+    with pytest.raises(ValueError, match=r"^model\.fps=30 is not allowed: use one of \(16, 24\)$"):
+        ModelConfig(**node, fps=30)  # the config refuses it before any weights load
+    assert ModelConfig(**node, fps=16).fps == 16 and ModelConfig(**node).fps is None

@@ -7,8 +7,8 @@ Nothing in diffusers is changed. Three pieces, one module each:
 * ``rope.RopeFrameOffsetHook``: shifts the temporal RoPE positions by the chunk's first latent frame.
 * ``adapter.ChunkwiseAdapter``: the model-facing API of the generator (``denoise``, ``commit``, ``decode``, ...).
 
-``state`` holds what they share, ``family.WanFamily`` what the rest of the suite asks about these models and
-``build`` loads them. The checkpoint loaders live in ``jensenkv.models.loaders``. Names are re-exported lazily,
+``state`` holds what they share, ``family.WanFamily`` what the rest of the suite asks about these models,
+``fps`` the frame rates SkyReels-V2's fps embedding knows and ``build`` loads them. The checkpoint loaders live in ``jensenkv.models.loaders``. Names are re-exported lazily,
 so reading the family does not import diffusers.
 """
 from __future__ import annotations

@@ -12,13 +12,10 @@ from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.attention.config import layer_strengths
 from jensenkv.generate import GenerationConfig, check_kv_range
 from jensenkv.models.loaders import TRANSFORMER_CLASSES
+from jensenkv.models.wan.fps import FPS_EMBEDDING_IDS
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
 from jensenkv.models.wan.rope import ROPE_HOOK_NAME, RopeFrameOffsetHook
 from jensenkv.models.wan.state import BRANCHES, AttentionSettings, ChunkState, InFlightChunk
-
-
-# SkyReels-V2's fps embedding rows (diffusers' SkyReelsV2DiffusionForcingPipeline: 16 fps -> 0, otherwise 1)
-FPS_EMBEDDING_IDS = {16: 0, 24: 1}
 
 
 def pixel_decode(latents: torch.Tensor) -> torch.Tensor:

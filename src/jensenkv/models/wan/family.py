@@ -9,8 +9,9 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from jensenkv.checks import check_int, fail
+from jensenkv.checks import check_choice, check_int, fail
 from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
+from jensenkv.models.wan.fps import FPS_EMBEDDING_IDS
 
 VAE_SCALE = 8  # Wan VAE: 8x spatial downsampling
 # Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
@@ -37,7 +38,7 @@ class WanNode(CheckpointNode):
     max_sequence_length: Optional[int] = None
     transformer_subfolder: Optional[str] = None
     transformer_checkpoint: Optional[str] = None
-    checkpoint_key: Optional[str] = None   # fps: only read by checkpoints with inject_sample_info
+    checkpoint_key: Optional[str] = None   # the state dict inside transformer_checkpoint (e.g. generator_ema)
 
 
 class WanFamily(ModelFamily):
@@ -53,6 +54,8 @@ class WanFamily(ModelFamily):
         for key in ("height", "width"):
             check_int(f"model.{key}", getattr(model, key), 8)
         check_int("model.max_sequence_length", model.max_sequence_length, 1, optional=True)
+        if model.fps is not None:
+            check_choice("model.fps", model.fps, tuple(FPS_EMBEDDING_IDS))
 
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         local = local_model_dir(model.path, model.cache_dir)
