@@ -122,12 +122,13 @@ def batch_peak(batch: int, quick: bool) -> dict:
             "cache_bytes_per_video": sum(c.nbytes for c in caches) / batch}
 
 
-def measure(kind: str, *args: str, pythonpath: str | None = None) -> dict:
-    """Run one measurement in a fresh process with the fixed mmap threshold; return its JSON result."""
+def measure(kind: str, *args: str, pythonpath: str | None = None, module: str = "jensenkv.bench.memory") -> dict:
+    """Run one measurement (``python -m <module> <kind> ...``, printing one JSON line) in a fresh process with
+    the fixed mmap threshold; return its JSON result."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    done = subprocess.run([sys.executable, "-m", "jensenkv.bench.memory", kind, *args], env=env, check=True,
+    done = subprocess.run([sys.executable, "-m", module, kind, *args], env=env, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

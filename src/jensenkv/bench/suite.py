@@ -26,7 +26,7 @@ from jensenkv.tracking import atomic_write
 
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
               "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput",
-              "probe_overhead")
+              "probe_overhead", "worldplay_cache_memory")
 COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats")
 GPU_BENCHMARK = "gpu_kernel"  # its own file, results/bench_gpu.csv, only where CUDA is visible (bench.gpu)
 INT2 = {"bits": 2, "group_size": 32}
@@ -51,13 +51,15 @@ class Plan:
     long_floor_shape: tuple[int, int, int, int] = (2, 4096, 16384, 64)  # (heads, queries, cached, d): long-context
     exact_max_scores: int = 1 << 27
     batch_videos: int = 16  # videos per repetition of batch_throughput: one batch of them against one at a time
+    worldplay: tuple[str, ...] = ()  # extra arguments of `python -m jensenkv.bench.worldplay_memory held`
     notes: list[str] = field(default_factory=list)
 
 
 def quick_plan() -> Plan:
     return Plan(quick=True, repeats=2, e2e_repeats=2, long_repeats=1, bytes_shape=(1, 2, 256, 128),
                 held=("--layers", "2", "--commits", "2", "--shape", "1", "2", "256", "128", "--queries", "32"),
-                overhead_shapes=((2, 64, 256), (2, 128, 512)), long_floor_shape=(2, 64, 256, 64), batch_videos=2)
+                overhead_shapes=((2, 64, 256), (2, 128, 512)), long_floor_shape=(2, 64, 256, 64), batch_videos=2,
+                worldplay=("--toy",))
 
 
 def row(benchmark: str, config: str, value: float, unit: str, iqr: float = float("nan"), repeats: int = 1) -> dict:
@@ -380,10 +382,50 @@ def probe_overhead_rows(plan: Plan) -> list[dict]:
     return rows
 
 
+def worldplay_rows(plan: Plan) -> list[dict]:
+    """HY-WorldPlay at 480p (jensenkv.bench.worldplay_memory): per preset and memory mode, the bytes one chunk
+    adds and what the caches hold before the last chunk, measured on one block and scaled to the model's
+    layers, against ``memory_bytes`` (from the settings alone)."""
+    from jensenkv.bench.worldplay_memory import QUANTS, TOY, WORLDPLAY_480P
+
+    geometry = TOY if "--toy" in plan.worldplay else WORLDPLAY_480P
+    rows = []
+    for quant, overrides in QUANTS:
+        for memory in ("rebuild", "append"):
+            r = measure("held", quant, memory, *plan.worldplay, module="jensenkv.bench.worldplay_memory")
+            scale = geometry.layers / r["measured_layers"]
+            size = "toy" if geometry is TOY else "480p"
+            config = (f"HY-WorldPlay {size} {label(quant, **overrides)}, {memory} ({r['frames']} frames held), "
+                      f"{r['measured_layers']} layer measured x {scale:g}")
+            mib = {what: r[key] * scale / MIB for what, key in (
+                ("chunk", "chunk_bytes_max"), ("stored", "stored"), ("rss", "rss_growth"), ("live", "live"),
+                ("theory", "memory_bytes"), ("bf16", "bf16"))}
+            rows += [row("worldplay_cache_memory", f"{config}: one chunk's K+V, both streams", mib["chunk"], "MiB"),
+                     row("worldplay_cache_memory", f"{config}: held, stored (nbytes)", mib["stored"], "MiB"),
+                     row("worldplay_cache_memory", f"{config}: held, RSS growth", mib["rss"], "MiB"),
+                     row("worldplay_cache_memory", f"{config}: held, tensor storage (buffer capacity)", mib["live"],
+                         "MiB"),
+                     row("worldplay_cache_memory", f"{config}: memory_bytes (settings)", mib["theory"], "MiB"),
+                     row("worldplay_cache_memory", f"{config}: RSS growth / memory_bytes",
+                         r["rss_growth"] / r["memory_bytes"], "ratio"),
+                     row("worldplay_cache_memory", f"{config}: stored / BF16", r["stored"] / r["bf16"], "ratio")]
+            _log(f"worldplay {quant} {memory}: {r['frames']} frames, stored {mib['stored']:.0f} MiB, "
+                 f"RSS {mib['rss']:.0f} MiB, memory_bytes {mib['theory']:.0f} MiB")
+    plan.notes.append(
+        f"worldplay_cache_memory: {geometry.describe()}; random K/V of the real size committed through "
+        "WorldPlayCaches.store_group (both streams, K and V) for every memory write of one video (no transformer: "
+        f"the 8B weights do not fit); measured on {r['measured_layers']} block in a fresh process per row and "
+        f"scaled to {geometry.layers} layers (every block holds the same shapes; 54 BF16 blocks do not fit this "
+        "machine). RSS growth: resident pages; tensor storage: the growing buffers' "
+        "capacity, of which untouched pages are not resident. Text K/V (full precision) not included.")
+    return rows
+
+
 RUNNERS = {"cache_bytes_ratio": cache_bytes_rows, "held_memory_ratio": held_memory_rows,
            "generation_peak_memory_saving": generation_rows, "correction_overhead_ratio": correction_overhead_rows,
            "correction_overhead_floor": correction_overhead_floor_rows, "e2e_time_ratio": e2e_rows,
-           "batch_throughput": batch_throughput_rows, "probe_overhead": probe_overhead_rows}
+           "batch_throughput": batch_throughput_rows, "probe_overhead": probe_overhead_rows,
+           "worldplay_cache_memory": worldplay_rows}
 # (benchmark, config prefix, comparison, bound or target row, description)
 TARGETS = (
     ("held_memory_ratio", "RSS growth / stored", "<=", "target", "RSS growth of the cache / stored bytes"),
