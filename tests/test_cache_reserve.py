@@ -21,6 +21,9 @@ CASES = {
                                "generation.worldplay.memory=rebuild"),
     "worldplay_tiny-append": ("model=worldplay_tiny", "model.device=cpu", "generation.steps=2",
                               "generation.worldplay.memory=append"),
+    "worldplay_tiny-text-cached-sink": ("model=worldplay_tiny", "model.device=cpu", "generation.steps=2",
+                                        "generation.num_chunks=3", "generation.worldplay.text_in_correction=true",
+                                        "cache.sink_chunks=1"),
 }
 
 
@@ -32,8 +35,11 @@ def generated_caches(overrides: tuple[str, ...], reserve: bool, monkeypatch) -> 
         monkeypatch.setattr(ChunkedKVCache, "reserve", lambda self, tokens, sink_tokens=0: None)
     generate_video(adapter, "a red circle moving left", 0)
     branches = ("cond", "uncond") if spec.generation.use_cfg else ("cond",)
-    caches = {id(c): c for b in branches for c in adapter.caches(b)}
-    return list(caches.values())
+    caches = [c for b in branches for c in adapter.caches(b)]
+    worldplay = getattr(adapter, "_caches", None)  # WorldPlay: also the text K/V when stored as a cache
+    if worldplay is not None:
+        caches += [c for b in branches for c in worldplay[b].text_caches]
+    return list({id(c): c for c in caches}.values())  # MAGI's passes share one cache
 
 
 @pytest.mark.parametrize("case", CASES)
