@@ -12,9 +12,9 @@ When a chunk does not fit, the live chunks are re-laid from the front of fresh b
 (capacity doubling as the cache grows; under a sliding window, about once per window of tokens, so at most
 ~2 bytes moved per byte appended). The stored bytes of a chunk
 (``nbytes`` of its views) are what the cache counts; ``held_nbytes`` is the capacity the buffers hold, the
-stored bytes plus the slack. ``reserve`` sets the capacity up front (no slack when the size is known): while the live chunks fit in the
-reservation, a re-lay makes buffers of exactly that size (under a sliding window reserved at window + 1 chunks,
-one re-lay of the window per commit once it is full).
+stored bytes plus the slack. ``reserve`` sets the capacity up front (no slack when the size is known): while
+the live chunks fit in the reservation, a re-lay makes buffers of exactly that size (under a sliding window
+reserved at window + 1 chunks, one re-lay of the window per commit once it is full).
 """
 from __future__ import annotations
 
