@@ -13,9 +13,9 @@ frame again (min(4c, 20) frames before chunk c, as WorldPlay's selection holds),
 frames not yet held (4c); each cache is sized as generation sizes it (``WorldPlayCaches.reserve_memory``: per
 write in ``rebuild``, the final memory up front in ``append``). No transformer runs (its 8B weights do not fit
 here); the bytes do not depend on the values. After the last write (before the last chunk) it reports the
-caches' ``nbytes``, the storage bytes of the tensors they reach, and the RSS growth over a baseline taken after a warm-up. 54 blocks in BF16 (13.5 GiB
-rebuild, 18.8 GiB append) do not fit the bench machine, so the suite measures one block and scales by 54
-(every block holds the same shapes). The text K/V (full precision, a few hundred tokens) are not included, as
+caches' ``nbytes``, the storage bytes of the tensors they reach, and the RSS growth over a baseline taken
+after a warm-up. 54 blocks in BF16 (13.5 GiB rebuild, 18.8 GiB append) do not fit the bench machine, so the
+suite measures one block and scales by 54 (every block holds the same shapes). The text K/V (full precision, a few hundred tokens) are not included, as
 in ``memory_bytes``.
 """
 from __future__ import annotations
