@@ -15,8 +15,8 @@ write in ``rebuild``, the final memory up front in ``append``). No transformer r
 here); the bytes do not depend on the values. After the last write (before the last chunk) it reports the
 caches' ``nbytes``, the storage bytes of the tensors they reach, and the RSS growth over a baseline taken
 after a warm-up. 54 blocks in BF16 (13.5 GiB rebuild, 18.8 GiB append) do not fit the bench machine, so the
-suite measures one block and scales by 54 (every block holds the same shapes). The text K/V (full precision, a few hundred tokens) are not included, as
-in ``memory_bytes``.
+suite measures one block and scales by 54 (every block holds the same shapes). The text K/V (full precision,
+a few hundred tokens) are not included, as in ``memory_bytes``.
 """
 from __future__ import annotations
 
