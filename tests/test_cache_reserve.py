@@ -82,3 +82,12 @@ def test_a_window_holds_one_chunk_beyond_it_and_sinks_are_reserved_too():
         cache.reserve_chunks(-1, 8)
     with pytest.raises(ValueError, match=r"sink_tokens=-2 is not allowed"):
         cache.reserve(0, -2)
+
+
+def test_a_windowed_video_holds_its_window_and_one_chunk_more(monkeypatch):
+    overrides = CASES["tiny"][:2] + ("generation.num_chunks=4", "generation.steps=2", "cache.sink_chunks=1",
+                                     "cache.window_chunks=1")
+    for cache in generated_caches(overrides, True, monkeypatch):
+        assert cache.chunk_indices == [0, 3]
+        last = cache.segments()[-1]
+        assert cache.held_nbytes == cache.nbytes + last.stored_k.nbytes + last.stored_v.nbytes
