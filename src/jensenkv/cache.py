@@ -227,7 +227,7 @@ class ChunkedKVCache:
         self._per_video: list[tuple[Any, Any]] = []  # batch > 1: each video's own (key, value) quantizers
         self._chunks: list[_StoredChunk] = []
         self._stores: dict[tuple, ChunkStore] = {}  # (sink?, "k" | "v", store signature) -> the buffer
-        self._reserved_tokens = 0
+        self._reserved_tokens = (0, 0)  # (non-sink, sink) tokens the buffers hold from their first commit
         self.num_committed = 0
         self._batch_heads: tuple[int, int] | None = None
 
@@ -277,8 +277,7 @@ class ChunkedKVCache:
         key = (is_sink, name, signature)
         if key not in self._stores:
             self._stores[key] = ChunkStore(signature)
-            if not is_sink:
-                self._stores[key].reserve(self._reserved_tokens)
+            self._stores[key].reserve(self._reserved_tokens[is_sink])
         self._stores[key].append(stored)
         return key
 
@@ -287,14 +286,26 @@ class ChunkedKVCache:
             if key is not None:
                 self._stores[key].release(stored)
 
-    def reserve(self, tokens: int) -> None:
-        """Let the buffers hold ``tokens`` non-sink tokens from the first commit on (no doubling slack when the
-        final size is known; more still grows them)."""
+    def reserve(self, tokens: int, sink_tokens: int = 0) -> None:
+        """Let the buffers hold ``tokens`` non-sink and ``sink_tokens`` sink tokens from their first commit on
+        (no doubling slack when the final size is known; more still grows them). Replaces an earlier
+        reservation for buffers not made yet (``clear`` keeps it)."""
         check_int("tokens", tokens, 0)
-        self._reserved_tokens = tokens
+        check_int("sink_tokens", sink_tokens, 0)
+        self._reserved_tokens = (tokens, sink_tokens)
         for (is_sink, _, _), store in self._stores.items():
-            if not is_sink:
-                store.reserve(tokens)
+            store.reserve(sink_tokens if is_sink else tokens)
+
+    def reserve_chunks(self, num_chunks: int, tokens_per_chunk: int) -> None:
+        """Reserve what a video of ``num_chunks`` commits of ``tokens_per_chunk`` tokens each leaves in the
+        buffers: its non-sink chunks, at most the window plus the one a commit appends before the oldest leaves."""
+        check_int("num_chunks", num_chunks, 0)
+        check_int("tokens_per_chunk", tokens_per_chunk, 0)
+        sinks = min(num_chunks, self.cfg.sink_chunks)
+        held = num_chunks - sinks
+        if self.cfg.window_chunks is not None:
+            held = min(held, self.cfg.window_chunks + 1 if self.cfg.window_chunks else 0)
+        self.reserve(held * tokens_per_chunk, sinks * tokens_per_chunk)
 
     def _quantize(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QuantizedTensor, QuantizedTensor]:
         """(B, H, S, D) each -> stored forms; a batch is quantized video by video, then stacked."""

@@ -57,6 +57,8 @@ class ChunkwiseModel(Protocol):
                kv_range: int | None = None) -> None: ...
     def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
     def probes(self) -> list[dict] | None: ...
+    # optional: ``reserve_caches(config, branches)``, called once the prompt is set, sizes every cache it will
+    # fill for the video ``config`` generates (``ChunkedKVCache.reserve``)
 
 
 @dataclass
@@ -152,6 +154,10 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
     else:
         raise ValueError(f"a batch of {batch} videos is not allowed for {type(adapter).__name__}: it generates "
                          "one video at a time (generation.batch_size=1)")
+    # the adapter sizes each cache's buffers for what this video leaves in them (no doubling slack)
+    reserve = getattr(adapter, "reserve_caches", None)
+    if reserve is not None:
+        reserve(cfg, branches)
     # an adapter with its own time schedule (MAGI-1: linspace^2 then shift) provides the noise levels
     noise_levels = getattr(adapter, "noise_levels", None)
     sigmas = (noise_levels(cfg) if noise_levels is not None else flow_sigmas(cfg.steps, cfg.shift)).tolist()

@@ -416,8 +416,8 @@ def worldplay_rows(plan: Plan) -> list[dict]:
         "WorldPlayCaches.store_group (both streams, K and V) for every memory write of one video (no transformer: "
         f"the 8B weights do not fit); measured on {r['measured_layers']} block in a fresh process per row and "
         f"scaled to {geometry.layers} layers (every block holds the same shapes; 54 BF16 blocks do not fit this "
-        "machine). RSS growth: resident pages; tensor storage: the growing buffers' "
-        "capacity, of which untouched pages are not resident. Text K/V (full precision) not included.")
+        "machine). RSS growth: resident pages; tensor storage: the buffers' capacity, sized up front as "
+        "generation sizes them (WorldPlayCaches.reserve_memory). Text K/V (full precision) not included.")
     return rows
 
 

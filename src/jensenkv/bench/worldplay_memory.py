@@ -10,12 +10,13 @@ once; it prints one JSON line). It builds a ``WorldPlayCaches`` of ``layers`` bl
 replays the memory writes of a whole video before each chunk, committing random K/V of the real size through
 ``store_group`` in groups of 4 frames, both streams: ``rebuild`` clears the caches and commits every selected
 frame again (min(4c, 20) frames before chunk c, as WorldPlay's selection holds), ``append`` commits only the
-frames not yet held (4c). No transformer runs (its 8B weights do not fit here); the bytes do not depend on the
-values. After the last write (before the last chunk) it reports the caches' ``nbytes``, the storage bytes of the
-tensors they reach, and the RSS growth over a baseline taken after a warm-up. 54 blocks in BF16 (13.5 GiB
-rebuild, 18.8 GiB append) do not fit the bench machine, so the suite measures one block and scales by 54
-(every block holds the same shapes). The text K/V (full precision, a few hundred tokens) are not included, as
-in ``memory_bytes``.
+frames not yet held (4c); each cache is sized as generation sizes it (``WorldPlayCaches.reserve_memory``: per
+write in ``rebuild``, the final memory up front in ``append``). No transformer runs (its 8B weights do not fit
+here); the bytes do not depend on the values. After the last write (before the last chunk) it reports the
+caches' ``nbytes``, the storage bytes of the tensors they reach, and the RSS growth over a baseline taken
+after a warm-up. 54 blocks in BF16 (13.5 GiB rebuild, 18.8 GiB append) do not fit the bench machine, so the
+suite measures one block and scales by 54 (every block holds the same shapes). The text K/V (full precision,
+a few hundred tokens) are not included, as in ``memory_bytes``.
 """
 from __future__ import annotations
 
@@ -76,12 +77,15 @@ def held(geometry: WorldPlayGeometry, quant: str, memory: str, measured_layers: 
     before = rss_bytes()
     caches = WorldPlayCaches(measured_layers, g.heads, g.head_dim, cfg, AttentionConfig(), memory=memory,
                              commit_frames=g.chunk_frames)
+    if memory == "append":  # as the adapter's reserve_caches: the final memory, sized when the video starts
+        caches.reserve_memory(g.held_frames(g.chunks - 1, memory), g.frame_tokens)
     chunk_bytes = []
     for chunk in range(1, g.chunks):  # the memory write before chunk `chunk` (chunk 0 has no memory)
         n = g.held_frames(chunk, memory)
         if memory == "rebuild":  # as write_memory: clear, then commit every selected frame afresh
             for cache in caches.video_caches():
                 cache.clear()
+            caches.reserve_memory(n, g.frame_tokens)  # this write's frames, sized before they are committed
             new = range(n)
         else:  # only the frames not yet held; held ones keep their codes
             new = range(len(caches.frames), n)

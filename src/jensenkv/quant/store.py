@@ -12,7 +12,9 @@ When a chunk does not fit, the live chunks are re-laid from the front of fresh b
 (capacity doubling as the cache grows; under a sliding window, about once per window of tokens, so at most
 ~2 bytes moved per byte appended). The stored bytes of a chunk
 (``nbytes`` of its views) are what the cache counts; ``held_nbytes`` is the capacity the buffers hold, the
-stored bytes plus the slack. ``reserve`` sets the capacity up front (no slack when the size is known).
+stored bytes plus the slack. ``reserve`` sets the capacity up front (no slack when the size is known): while
+the live chunks fit in the reservation, a re-lay makes buffers of exactly that size (under a sliding window
+reserved at window + 1 chunks, one re-lay of the window per commit once it is full).
 """
 from __future__ import annotations
 
@@ -119,8 +121,12 @@ class ChunkStore:
         the live size (doubling as the cache grows; a sliding window re-lays every ~window tokens). Fresh, not
         in place: views handed out earlier keep reading what they were given."""
         live_t, live_r = self._hi[0] - self._lo[0], self._hi[1] - self._lo[1]
-        new_t = max(2 * (live_t + tokens), self._reserved, _MIN_CAPACITY)
-        new_r = max(2 * (live_r + rows), -(-new_t * rows // max(tokens, 1))) if rows else 0
+        if self._reserved >= live_t + tokens:  # the final size is known: exactly that, no doubling
+            new_t = self._reserved
+            new_r = max(live_r + rows, -(-new_t * rows // max(tokens, 1))) if rows else 0
+        else:
+            new_t = max(2 * (live_t + tokens), _MIN_CAPACITY)
+            new_r = max(2 * (live_r + rows), -(-new_t * rows // max(tokens, 1))) if rows else 0
         fresh = {}
         for name, source, axis in self._parts(t):
             fresh[name] = source.new_empty(*source.shape[:2], new_t if axis == "token" else new_r, source.shape[3])

@@ -22,6 +22,7 @@
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -104,6 +105,14 @@ class MagiChunkwiseAdapter:
     def caches(self, branch: str = "cond") -> list[ChunkedKVCache]:
         """Every layer's cache; MAGI's cond and prefix passes share one cache, so ``branch`` is not used."""
         return list(self.layers.caches)
+
+    def reserve_caches(self, config: GenerationConfig, branches: Sequence[str]) -> None:
+        """Size every layer's cache for the video ``config`` generates (the generator's hook; the passes share
+        one cache, so ``branches`` is not used). A chunk's K/V are cached by the tick after its commit, so the
+        last chunk, committed after the last tick, never is."""
+        tokens = math.prod(self.model.token_grid(config.frames_per_chunk, *self.latent_frame_shape[1:]))
+        for cache in self.layers.caches:
+            cache.reserve_chunks(config.num_chunks - 1, tokens)
 
     def probes(self) -> list[dict] | None:
         return list(self.layers.probe_records) if self.layers.attention.probes else None

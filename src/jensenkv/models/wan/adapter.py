@@ -159,6 +159,15 @@ class ChunkwiseAdapter:
         """This branch's cache of every self-attention layer, in layer order."""
         return [proc.cache(branch) for proc in self.processors]
 
+    def reserve_caches(self, config: GenerationConfig, branches: Sequence[str]) -> None:
+        """Size every layer's cache of ``branches`` for the video ``config`` generates (the generator's hook)."""
+        _, p_h, p_w = self.transformer.config.patch_size
+        _, h, w = self.latent_frame_shape
+        tokens = config.frames_per_chunk * (h // p_h) * (w // p_w)  # a chunk's tokens: temporal patch 1
+        for branch in branches:
+            for cache in self.caches(branch):
+                cache.reserve_chunks(config.num_chunks, tokens)
+
     def probes(self) -> list[dict] | None:
         return list(self.state.probe_records) if any(p.attention.probes for p in self.processors) else None
 

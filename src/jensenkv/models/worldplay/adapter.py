@@ -100,6 +100,18 @@ class WorldPlayChunkwiseAdapter:
     def caches(self, branch: str = "cond") -> list[ChunkedKVCache]:
         return self._caches[branch].video_caches()
 
+    def reserve_caches(self, config: GenerationConfig, branches: Sequence[str]) -> None:
+        """Size the branches' caches for the video ``config`` generates (the generator's hook). ``append`` keeps
+        the whole past, so its caches end holding every frame before the last chunk; ``rebuild`` sizes them at
+        each write (``WorldPlayCaches.write_memory``), which knows the frames it writes."""
+        if self.settings.memory != "append":
+            return
+        p_h, p_w = self.model.config.patch_size[1:3]
+        _, h, w = self.latent_frame_shape
+        for branch in branches:
+            self._caches[branch].reserve_memory((config.num_chunks - 1) * config.frames_per_chunk,
+                                                (h // p_h) * (w // p_w))
+
     def probes(self) -> list[dict] | None:
         if not self._caches["cond"].attention.probes:
             return None

@@ -151,6 +151,7 @@ class WorldPlayCaches:
             for layer, store in enumerate(self.text):
                 k = torch.cat([k for k, _ in store.kv])  # (B, H, L, D)
                 v = torch.cat([v for _, v in store.kv])
+                self.text_caches[layer].reserve_chunks(1, k.shape[2])  # the prompt is its one commit
                 self.text_caches[layer].commit(k, v)
 
     def _text_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -178,10 +179,11 @@ class WorldPlayCaches:
                              f"n >= {len(self.frames)} held")
         new = list(range(len(frames))) if self.memory == "rebuild" else \
             [i for i, f in enumerate(frames) if f not in set(self.frames)]
+        tokens = x.shape[3] * x.shape[4] // (model.config.patch_size[1] * model.config.patch_size[2])
         if self.memory == "rebuild":
             for cache in self.video_caches():
                 cache.clear()
-        tokens = x.shape[3] * x.shape[4] // (model.config.patch_size[1] * model.config.patch_size[2])
+            self.reserve_memory(len(frames), tokens)  # this write's frames are all the caches will hold
         groups = [new[i:i + self.commit_frames] for i in range(0, len(new), self.commit_frames)]
 
         def attend(layer: int, qkv: VisionQKV) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,6 +197,14 @@ class WorldPlayCaches:
         model.vision_forward(x, timestep, camera, range(len(frames)), attend, final=False)
         self.frames = frames
         self.writes += 1
+
+    def reserve_memory(self, frames: int, tokens_per_frame: int) -> None:
+        """Size every video cache for a memory of ``frames`` frames, committed in groups of ``commit_frames``
+        (the first ``cache.sink_chunks`` groups in the sink buffers)."""
+        groups = [min(self.commit_frames, frames - s) * tokens_per_frame for s in range(0, frames, self.commit_frames)]
+        for cache in self.video_caches():
+            sinks = cache.cfg.sink_chunks
+            cache.reserve(sum(groups[sinks:]), sum(groups[:sinks]))
 
     def _text_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Full-precision attention of q (B, H, S, D) over [text | k]: the context pass (WorldPlay's SDPA)."""
