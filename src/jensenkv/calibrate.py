@@ -295,23 +295,11 @@ def calibrate_overrides(overrides: Sequence[str] = (), out: str | Path | None = 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: one line and exit 2 for bad input, like ``python -m jensenkv.run``."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from jensenkv.run.cli import _one_line, check_group_overrides
+    from jensenkv.run.cli import run_command
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        check_group_overrides(overrides)
-        path = calibrate_overrides(overrides, out=args.out, name=args.name, shrink=args.shrink)
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(2)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(path)
+    run_command(overrides, lambda: calibrate_overrides(overrides, out=args.out, name=args.name, shrink=args.shrink))
 
 
 if __name__ == "__main__":

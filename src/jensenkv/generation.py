@@ -16,6 +16,15 @@ LATENT_DTYPES = ("float32", "bfloat16")
 SCENE_KEYS = ("prompt", "image", "trajectory")
 
 
+def _from_dict(cls: type, key: str, values: dict[str, Any]) -> Any:
+    """A node dataclass from a mapping; unknown keys are one line naming ``key`` and the allowed keys."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        fail(key, unknown, f"unknown keys; allowed: {sorted(known)}")
+    return cls(**dict(values))
+
+
 def check_kv_range(value: Any, key: str = "generation.kv_range") -> None:
     """A kv-range is null (no limit) or an integer >= 0 (number of visible cached chunks)."""
     check_int(key, value, 0, optional=True)
@@ -67,11 +76,7 @@ class MagiScheduleConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> MagiScheduleConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            fail("generation.magi", unknown, f"unknown keys; allowed: {sorted(known)}")
-        return cls(**dict(values))
+        return _from_dict(cls, "generation.magi", values)
 
     def guidance_scales(self, t: float) -> tuple[float, float]:
         """(prev_chunk_scale, text_scale) of a chunk at MAGI time t (the official searchsorted rule)."""
@@ -161,11 +166,7 @@ class WorldPlaySettings:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> WorldPlaySettings:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            fail("generation.worldplay", unknown, f"unknown keys; allowed: {sorted(known)}")
-        return cls(**dict(values))
+        return _from_dict(cls, "generation.worldplay", values)
 
     def inputs(self, prompt: str) -> tuple[Optional[str], str]:
         """(image, trajectory) of a prompt: its scene's, else the defaults."""

@@ -7,7 +7,7 @@ errors (unknown group option or key, bad override syntax) become one line too.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,24 @@ def check_group_overrides(args: Sequence[str], config_dir: Path = CONFIG_DIR) ->
         for value in values:
             if value not in allowed and not (group == "experiment" and value == "null"):
                 fail(group, value, f"choose one of {allowed}")
+
+
+def run_command(overrides: Sequence[str], work: Callable[[], Any]) -> None:
+    """A command line's body for Hydra overrides (calibrate, noise floor): check the group overrides, run
+    ``work`` and print what it returns; bad input is one line on stderr and exit 2."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        check_group_overrides(list(overrides))
+        result = work()
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(result)
 
 
 def _one_line(error: Exception) -> str:

@@ -117,26 +117,14 @@ def write_noise_floor(overrides: Sequence[str] = (), out: str | Path | None = No
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from jensenkv.run.cli import _one_line, check_group_overrides
+    from jensenkv.run.cli import run_command
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(prog="python -m jensenkv.run.noise_floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="CSV path (default: <paths.results_dir>/noise_floor.csv)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m jensenkv.run")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        check_group_overrides(args.overrides)
-        path = write_noise_floor(args.overrides, args.out)
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(2)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(path)
+    run_command(args.overrides, lambda: write_noise_floor(args.overrides, args.out))
 
 
 if __name__ == "__main__":
