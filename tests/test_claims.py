@@ -14,7 +14,8 @@ import pytest
 from jensenkv.report.claims import build_report, main, render, write_claims
 from jensenkv.report.diagnostics import per_layer, plot_diagnostics, reading, uncorrected_diagnostics
 from jensenkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, decide, side_of, summarize
-from jensenkv.tracking import ResultsStore, atomic_write
+from jensenkv.tracking import COMPARED, ResultsStore, atomic_write, config_hash
+from report_testkit import explain_missing
 
 # 8 prompts: the independent units of every test (the exact sign-flip floor is 2/2^8, below 0.05 after Holm)
 PROMPTS = ("a red square", "a blue circle", "a green square", "a white circle", "a red circle", "a blue square",
@@ -65,12 +66,13 @@ def _noise(key: str, scale: float) -> np.ndarray:
     return rng.normal(0.0, scale, len(PROMPTS) * len(SEEDS))
 
 
-def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | None, correction: str, *,
+def _write_run(root: Path, name: str, quantizer: str, bits: int, group: int | None, correction: str, *,
                psnr: np.ndarray | None = None, dps: np.ndarray | None = None, rotation_seed: int = 0,
                effective_bits: float | None = None, diagnostics: dict | None = None, model: str = MODEL,
                extra_labels: dict | None = None) -> None:
     """One finished run: a record with per-video rows and, when ``diagnostics`` is given ({layer: (first_order,
-    jensen, b)}), an attention.csv with em_* keys."""
+    jensen, b)}), an attention.csv with em_* keys. ``name`` only labels the call: as in a real store, the run id
+    is the identity's hash (a compared label in ``extra_labels``, e.g. a calibration, is in the identity too)."""
     method = "none" if quantizer == "bf16" else ("qvg" if quantizer.startswith("qvg") else "rtn")
     labels = {"model": model, "quantizer": quantizer, "method": method, "bits": bits, "group_size": group,
               "granularity": None if quantizer == "bf16" else "token_group",
@@ -81,7 +83,9 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
                 "key": {"method": method, "label": quantizer, "bits": bits, "group_size": group,
                         "rotation": labels["rotation"], "rotation_seed": rotation_seed},
                 "value": {"method": method}, "sink_chunks": 0, "window_chunks": None, "correction": correction,
-                "strength": 1.0, "prompts": list(PROMPTS), "seeds": list(SEEDS), "metrics": ["attention", "psnr"]}
+                "strength": 1.0, "prompts": list(PROMPTS), "seeds": list(SEEDS), "metrics": ["attention", "psnr"],
+                **{k: v for k, v in (extra_labels or {}).items() if k in COMPARED and k != "strength"}}
+    run_id = config_hash(identity)
     videos = []
     for i, (prompt, seed) in enumerate((p, s) for p in PROMPTS for s in SEEDS):
         metrics = {}
@@ -114,8 +118,9 @@ def _write_run(root: Path, run_id: str, quantizer: str, bits: int, group: int | 
         atomic_write(ResultsStore(root).run_dir(run_id) / "attention.csv", lambda f: frame.to_csv(f, index=False),
                      mode="w")
         run_metrics["em_log_zs_shift_mean"] = float(frame["em_log_zs_shift"].mean())
-    ResultsStore(root).write_record({"run_id": run_id, "labels": labels, "identity": identity, "metrics": run_metrics,
-                                     "missing": missing, "per_prompt": videos, "created_at": "2026-12-01T00:00:00"})
+    ResultsStore(root).write_record(explain_missing({
+        "run_id": run_id, "labels": labels, "identity": identity, "metrics": run_metrics, "missing": missing,
+        "per_prompt": videos, "created_at": "2026-12-01T00:00:00"}))
 
 
 DIAG = {0: (-0.30, 0.10, 0.12), 1: (0.0, 0.10, 0.10)}  # layer: (first order, Jensen, b)

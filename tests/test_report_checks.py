@@ -13,8 +13,16 @@ from scipy import stats
 from jensenkv.report.checks import (calibration_cost_lines, checks_section, effect_lines, floor, noise_floor_section,
                                     teacher_forced_section)
 from jensenkv.report.options import load_options
-from jensenkv.tracking import ResultsStore
+from jensenkv.tracking import ResultsStore, config_hash
 from test_claims import MODEL, PROMPTS, SEEDS, _noise, _write_run, build_store
+
+
+def _tf_identity(correction: str, videos: list[dict]) -> dict:
+    """The run id and identity of a synthetic teacher-forced run of ``videos`` (the id hashes the identity)."""
+    identity = {"name": "teacher-forced", "correction": correction, "metrics": ["teacher_forced"],
+                "prompts": list(dict.fromkeys(v["prompt"] for v in videos)),
+                "seeds": list(dict.fromkeys(v["seed"] for v in videos))}
+    return {"run_id": config_hash(identity), "identity": identity}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +90,7 @@ def test_teacher_forced_runs_are_tabulated_per_row_with_chunks(store, tmp_path):
                   for i, p in enumerate(PROMPTS)]
         labels = {"model": MODEL, "quantizer": "rtn", "method": "rtn", "bits": 2, "group_size": 32,
                   "correction": correction, "strength": 1.0}
-        ResultsStore(root).write_record({"run_id": f"tf-{correction}", "labels": labels, "identity": {},
+        ResultsStore(root).write_record({**_tf_identity(correction, videos), "labels": labels,
                                          "metrics": {"tf_psnr": psnr + 1.5, "tf_rel_err": 0.01},
                                          "missing": {}, "per_prompt": videos, "created_at": "2026-12-01T00:00:00"})
     text = teacher_forced_section(store)
@@ -166,7 +174,7 @@ def test_teacher_forced_difference_runs_over_prompts(store, tmp_path):
                                "tf_rel_err": 0.01}} for p in prompts for seed in (0, 1)]
         labels = {"model": MODEL, "quantizer": "rtn", "method": "rtn", "bits": 2, "group_size": 32,
                   "correction": correction, "strength": 1.0}
-        ResultsStore(root).write_record({"run_id": f"tf-{correction}", "labels": labels, "identity": {},
+        ResultsStore(root).write_record({**_tf_identity(correction, videos), "labels": labels,
                                          "metrics": {"tf_psnr": 31.0, "tf_rel_err": 0.01}, "missing": {},
                                          "per_prompt": videos, "created_at": "2026-12-01T00:00:00"})
     line = next(line for line in teacher_forced_section(tmp_path).splitlines() if "| taylor" in line)

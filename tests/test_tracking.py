@@ -20,11 +20,16 @@ from jensenkv.tracking import (
 )
 
 
-def _record(run_id: str, **metrics) -> dict:
-    return {"run_id": run_id, "experiment_name": "t", "created_at": "2026-01-01T00:00:00+00:00",
-            "labels": {"model": "tiny", "quantizer": "rtn", "bits": 2, "group_size": 32, "correction": "none"},
-            "metrics": metrics, "missing": {"lpips": "LPIPS backbone weights alexnet-owt-7be5be79.pth not found"},
-            "vbench_dimensions_used": ["temporal_flickering"], "per_prompt": [{"index": 0}, {"index": 1}]}
+def _record(name: str, **metrics) -> dict:
+    """A sound record: its run id hashes its identity (``name`` tells runs apart), one video per prompt."""
+    identity = {"name": name, "prompts": ["a", "b"], "seeds": [0], "metrics": sorted([*metrics, "lpips"])}
+    missing = {"lpips": "LPIPS backbone weights alexnet-owt-7be5be79.pth not found"}
+    return {"run_id": config_hash(identity), "experiment_name": "t", "created_at": "2026-01-01T00:00:00+00:00",
+            "identity": identity, "labels": {"model": "tiny", "quantizer": "rtn", "method": "rtn", "bits": 2,
+                                             "group_size": 32, "correction": "none"},
+            "metrics": metrics, "missing": missing, "vbench_dimensions_used": ["temporal_flickering"],
+            "per_prompt": [{"index": i, "prompt": p, "seed": 0, "metrics": metrics, "missing": missing}
+                           for i, p in enumerate(identity["prompts"])]}
 
 
 def test_config_hash_is_stable_and_order_free():
@@ -56,12 +61,13 @@ def test_non_finite_metrics_are_stored_as_null(tmp_path):
 def test_records_round_trip_into_a_dataframe(tmp_path):
     store = ResultsStore(tmp_path)
     assert load_results(tmp_path).empty
-    store.write_record(_record("aaa", psnr=30.0, ssim=0.9))
-    store.write_record(_record("bbb", psnr=25.0, ssim=0.8))
-    assert store.has_record("aaa") and not store.has_record("ccc")
-    assert store.read_record("aaa")["schema"] == 1
-    df = load_results(tmp_path).sort_values("run_id")
-    assert list(df["run_id"]) == ["aaa", "bbb"] and list(df["psnr"]) == [30.0, 25.0]
+    a, b = _record("aaa", psnr=30.0, ssim=0.9), _record("bbb", psnr=25.0, ssim=0.8)
+    store.write_record(a)
+    store.write_record(b)
+    assert store.has_record(a["run_id"]) and not store.has_record("ccc")
+    assert store.read_record(a["run_id"])["schema"] == 1
+    df = load_results(tmp_path).set_index("run_id").loc[[a["run_id"], b["run_id"]]]
+    assert list(df["psnr"]) == [30.0, 25.0]
     assert set(df["quantizer"]) == {"rtn"} and list(df["num_prompts"]) == [2, 2]
     assert df["lpips_missing_reason"].str.contains("alexnet-owt-7be5be79.pth").all()
     assert set(df["vbench_dimensions_used"]) == {"temporal_flickering"}
@@ -69,16 +75,15 @@ def test_records_round_trip_into_a_dataframe(tmp_path):
 
 def test_corrupted_record_names_the_file_and_deletes_nothing(tmp_path):
     store = ResultsStore(tmp_path)
-    store.write_record(_record("good", psnr=30.0))
+    good = store.write_record(_record("good", psnr=30.0))
     bad = store.record_path("bad")
     bad.parent.mkdir(parents=True)
     bad.write_text('{"run_id": "bad", "metrics": {')  # truncated by hand
     with pytest.raises(CorruptRecordError, match=str(bad)) as info:
         load_results(tmp_path)
     assert "nothing was deleted" in str(info.value)
-    with pytest.raises(CorruptRecordError):
-        store.has_record("bad")  # a rerun refuses to silently overwrite it
-    assert bad.read_text() == '{"run_id": "bad", "metrics": {' and store.record_path("good").exists()
+    assert not store.has_record("bad") and "not JSON" in str(store.damage("bad"))  # a rerun regenerates it
+    assert bad.read_text() == '{"run_id": "bad", "metrics": {' and good.exists()
 
 
 def test_a_json_file_that_is_not_a_record_is_rejected(tmp_path):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import math
@@ -37,6 +36,10 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from jensenkv.hashing import config_hash  # noqa: F401 - re-exported: run ids are made here
+from jensenkv.record_check import (ATTENTION_FILE, CorruptRecordError, DamagedRunError, DamagedStoreError,
+                                   check_record, check_side_files, read_attention, side_file_entry)
+
 RECORD_SCHEMA = 1
 INTEGER_COLUMNS = ("bits", "group_size", "sink_chunks", "window_chunks", "num_prompts")
 RECORD_FILE = "record.json"
@@ -45,10 +48,6 @@ ERROR_FILE = "error.json"      # the last failure of a run (what a sweep summary
 TMP_DIR = ".tmp"               # a run's temporary files: never inside videos/, which VBench scores whole
 
 log = logging.getLogger("jensenkv.tracking")
-
-
-class CorruptRecordError(ValueError):
-    """A record file exists but cannot be read; names the file. Nothing is deleted."""
 
 
 class ResultsWriteError(ValueError):
@@ -70,13 +69,6 @@ def describe_write_error(error: OSError, root: str | os.PathLike) -> str:
     if error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
         return f"{setting} must be a directory, but a file is in the way at {where}"
     return f"cannot write {where} ({error.strerror or error}); check {setting}"
-
-
-# --- hashing -----------------------------------------------------------------------------------------
-def config_hash(obj: Any, length: int = 16) -> str:
-    """Stable hex id of a JSON-serialisable object (key order does not matter)."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 # --- atomic writes -----------------------------------------------------------------------------------
@@ -409,18 +401,29 @@ class ResultsStore:
         return self.run_dir(run_id) / RECORD_FILE
 
     def has_record(self, run_id: str) -> bool:
-        """True when the run finished. A damaged record raises CorruptRecordError (never silently redone)."""
-        path = self.record_path(run_id)
-        if not path.exists():
-            return False
-        self.read_record(run_id)
-        return True
+        """True when the run finished and is sound; a damaged run counts as unfinished (``damage`` says why)."""
+        return self.record_path(run_id).exists() and self.damage(run_id) is None
+
+    def damage(self, run_id: str) -> DamagedRunError | None:
+        """Why a finished run is damaged: its record and side files (attention.csv read whole) checked against
+        its run id; None when it is sound or has no record."""
+        if not self.record_path(run_id).exists():
+            return None
+        try:
+            read_attention(run_id, self.run_dir(run_id), self.read_record(run_id))
+        except DamagedRunError as e:
+            return e
+        return None
 
     def read_record(self, run_id: str) -> dict:
-        record = read_json(self.record_path(run_id))
-        if not isinstance(record, dict) or "run_id" not in record:
-            raise CorruptRecordError(f"results file {self.record_path(run_id)} is not a run record (no run_id); "
-                                     "fix or remove it by hand (nothing was deleted)")
+        """The run's record, checked against its run id (its side files by size): DamagedRunError naming the
+        file and the field when it does not hold what the run id says; FileNotFoundError when there is none."""
+        path = self.record_path(run_id)
+        try:
+            record = read_json(path)
+        except CorruptRecordError as e:
+            raise DamagedRunError(run_id, path, f"not JSON ({e.__cause__})") from None
+        check_side_files(run_id, self.run_dir(run_id), check_record(run_id, record, path))
         return record
 
     def write_record(self, record: Mapping[str, Any]) -> Path:
@@ -479,11 +482,16 @@ class ResultsStore:
             raise ResultsWriteError(describe_write_error(e, self.root)) from None
 
     def iter_records(self) -> Iterator[dict]:
-        """Every finished run's record, in run-id order."""
-        if not self.runs_dir.is_dir():
-            return
-        for path in sorted(self.runs_dir.glob(f"*/{RECORD_FILE}")):
-            yield self.read_record(path.parent.name)
+        """Every finished run's record, in run-id order; DamagedStoreError, naming each damaged run, if any."""
+        records, damaged = [], []
+        for path in sorted(self.runs_dir.glob(f"*/{RECORD_FILE}")) if self.runs_dir.is_dir() else []:
+            try:
+                records.append(self.read_record(path.parent.name))
+            except DamagedRunError as e:
+                damaged.append(e)
+        if damaged:
+            raise DamagedStoreError(damaged)
+        yield from records
 
 
 def record_row(record: Mapping[str, Any]) -> dict:
@@ -530,7 +538,8 @@ def comparison_columns(identity: Mapping[str, Any] | None) -> dict:
 def load_results(root: str | os.PathLike = "results") -> pd.DataFrame:
     """All finished runs under ``root`` as a DataFrame, one row per run (empty frame if there are none).
 
-    A damaged record raises CorruptRecordError naming the file; nothing is deleted.
+    Damaged runs raise DamagedStoreError, one line per run naming the file and the field: a table never
+    silently drops or thins a run. Nothing is deleted.
     """
     frame = pd.DataFrame([record_row(r) for r in ResultsStore(root).iter_records()])
     for col in INTEGER_COLUMNS:  # nullable integers: a bf16 run has no group size, but 32 must not read 32.0
@@ -540,12 +549,14 @@ def load_results(root: str | os.PathLike = "results") -> pd.DataFrame:
 
 
 def load_attention(root: str | os.PathLike, run_id: str) -> pd.DataFrame:
-    """The probe statistics of one run (one row per prompt, layer, step, chunk, branch)."""
-    path = ResultsStore(root).run_dir(run_id) / "attention.csv"
-    if not path.exists():
-        raise FileNotFoundError(f"run {run_id} has no attention statistics ({path}); run it with "
-                                "'attention' in eval.metrics")
-    return pd.read_csv(path)
+    """The probe statistics of one run (one row per prompt, layer, step, chunk, branch), checked against its
+    record (DamagedRunError); FileNotFoundError when the run has none."""
+    store = ResultsStore(root)
+    frame = read_attention(run_id, store.run_dir(run_id), store.read_record(run_id))
+    if frame is None:
+        raise FileNotFoundError(f"run {run_id} has no attention statistics ({store.run_dir(run_id) / ATTENTION_FILE});"
+                                " run it with 'attention' in eval.metrics")
+    return frame
 
 
 # --- W&B ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from jensenkv.report.intervals import cell_interval
 from jensenkv.report.layers import cell_probes, probe_layer_means
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.rows import PROBE_VIDEO_KEYS
-from jensenkv.tracking import portable
+from jensenkv.tracking import CorruptRecordError, portable
 
 DIAGNOSED = "em_log_zs_shift_mean"  # the run-level mean the runner stores when the probes carry diagnostics
 COLUMNS = ("row", "layer", "mean_err", "mean_err_small", "slope", "corr", "var_ratio", "first_order", "jensen",
@@ -230,6 +230,8 @@ def uncorrected_diagnostics(results_dir: str | Path, model: str, bits: int = 2) 
     """``diagnose`` on the model's options in a results store (``jensenkv.report.options.load_options``)."""
     try:
         opts = load_options(results_dir, model).get(model)
+    except CorruptRecordError:  # damaged runs: named, never read as "no runs"
+        raise
     except ValueError:  # the store has no run of this model
         opts = None
     return diagnose(opts, bits) if opts is not None else Diagnostics.none(f"no runs of {model} under {results_dir}")

@@ -365,7 +365,10 @@ class Runner:
     def _run(self) -> dict | None:
         from jensenkv.tracking import WRITE_ERRNOS, ResultsWriteError, describe_write_error
 
-        if self.store.has_record(self.run_id):
+        damage = self.store.damage(self.run_id)
+        if damage is not None:  # a record or side file changed since the run wrote it: made again, never kept
+            log.warning("%s: regenerating the run", damage)
+        elif self.store.record_path(self.run_id).exists():  # finished, and sound
             log.info("run %s already finished: nothing to do (%s)", self.run_id, self.store.record_path(self.run_id))
             record = self.store.read_record(self.run_id)
             if self.wandb_pending():  # killed between its record and its W&B log: log it now
@@ -463,12 +466,14 @@ class Runner:
         frames = [pd.DataFrame(json.loads(self.store.prompt_result_path(self.run_id, r["index"])
                                           .with_suffix(".attention.json").read_text()))
                   for r in results if "delta_p_s_mean" in r["metrics"]]
+        files = {}  # the side files the record is written with, checked whenever it is read
         if frames:  # medians must be taken over all probes, not averaged per prompt
             attention = pd.concat(frames, ignore_index=True)
             metrics.update(summarize_probes(attention))
-            from jensenkv.tracking import atomic_write
+            from jensenkv.tracking import ATTENTION_FILE, atomic_write, side_file_entry
 
-            atomic_write(self.run_dir / "attention.csv", lambda f: attention.to_csv(f, index=False), mode="w")
+            path = atomic_write(self.run_dir / ATTENTION_FILE, lambda f: attention.to_csv(f, index=False), mode="w")
+            files[ATTENTION_FILE] = side_file_entry(path, len(attention))
         used: list[str] = []
         if "vbench" in spec.eval.metrics:
             videos = {str(self.run_dir / "videos" / r["video"]): r["prompt"] for r in results}
@@ -508,6 +513,7 @@ class Runner:
             "missing": portable_json(missing),
             "vbench_dimensions_used": used,
             "per_prompt": results,
+            "files": files,
             "seconds": seconds,
             "versions": _versions(),
         }

@@ -71,7 +71,7 @@ def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
             if spec.run_id not in planned:
                 store = ResultsStore(spec.results_dir)
                 planned[spec.run_id] = PlannedRun(spec.run_id, Path(spec.results_dir), _label(spec),
-                                                  store.record_path(spec.run_id).exists())
+                                                  store.has_record(spec.run_id))
     except Exception as e:  # noqa: BLE001 - range sweeps and the like: Hydra runs them, without a summary
         print(f"note: no run summary for this command ({type(e).__name__}: {e})", file=sys.stderr)
         return None
@@ -94,6 +94,9 @@ def outcome(run: PlannedRun, started_at: float) -> tuple[str, str]:
             lock.wait_released()
         if store.has_record(run.run_id):
             return "done", ""
+        damage = store.damage(run.run_id)
+        if damage is not None:
+            return "failed", str(damage)
     except CorruptRecordError as e:
         return "failed", str(e)
     error = store.error_path(run.run_id)

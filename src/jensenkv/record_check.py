@@ -1,0 +1,252 @@
+"""What a finished run's record and side files must hold, checked whenever they are read.
+
+A run id hashes the run's identity, and the identity says what the run made: one video per (prompt, seed),
+each requested metric per video (a value, or the reason it is missing). The record lists the side files it
+was written with (``files``: ``attention.csv`` with its rows and bytes). A record or side file that does not
+hold that (edited, truncated, half restored) is a damaged run: named in one line ``damaged run <id>
+(<file>): <what>``, counted as unfinished (the runner regenerates it) and never read into a table.
+
+Checking the record is free (it is already parsed); ``attention.csv`` gets a stat where every run is read
+(``check_side_files``) and a full check where its rows are read (``read_attention``).
+"""
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from jensenkv.hashing import config_hash
+
+ATTENTION_FILE = "attention.csv"
+LABEL_FIELDS = ("model", "quantizer", "method", "bits", "correction")  # what the tables select runs by
+INTEGER_LABELS = {"bits": False, "group_size": True, "sink_chunks": True, "window_chunks": True}  # -> nullable
+METRIC_KEYS = {"attention": "delta_p_s", "teacher_forced": "tf"}  # a requested metric -> the prefix of its keys
+PROBE_VIDEO = ("prompt_index", "seed")  # the video of a probe row (prompt_index: the video's index in per_prompt)
+PROBE_COLUMNS = (*PROBE_VIDEO, "layer", "step", "chunk", "branch", "p_s", "p_s_ref", "delta_p_s")
+TEXT_COLUMNS = ("branch",)  # every other probe column holds numbers
+SHOWN = 3  # how many missing videos a message names
+
+
+class CorruptRecordError(ValueError):
+    """A results file exists but cannot be used; the message names it. Nothing is deleted."""
+
+
+class DamagedRunError(CorruptRecordError):
+    """A finished run whose record or side file does not hold what its run id says."""
+
+    def __init__(self, run_id: str, path: str | Path, what: str):
+        self.run_id, self.path, self.what = run_id, Path(path), what
+        super().__init__(f"damaged run {run_id} ({path}): {what}")
+
+
+class DamagedStoreError(CorruptRecordError):
+    """Damaged runs of a results store, one line each: no table is built from the others alone."""
+
+    def __init__(self, damaged: list[DamagedRunError]):
+        self.damaged = list(damaged)
+        super().__init__("\n".join([*map(str, self.damaged),
+                                    f"{len(self.damaged)} damaged run(s), so no table is built without them: rerun "
+                                    "the command that made them (a rerun regenerates a damaged run; nothing was "
+                                    "deleted)"]))
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def check_record(run_id: str, record: Any, path: str | Path) -> dict:
+    """``record`` (read from ``path``) when it holds what run ``run_id`` must; else DamagedRunError."""
+    def damaged(what: str) -> DamagedRunError:
+        return DamagedRunError(run_id, path, what)
+
+    if not isinstance(record, dict) or "run_id" not in record:
+        raise damaged("not a run record (no run_id)")
+    if record["run_id"] != run_id:
+        raise damaged(f"run_id = {record['run_id']!r}, not its folder's {run_id!r}")
+    identity = record.get("identity")
+    if not isinstance(identity, dict):
+        raise damaged("no identity" if identity is None else f"identity = {identity!r} is not a mapping")
+    if config_hash(identity) != run_id:
+        raise damaged(f"identity hashes to {config_hash(identity)}, not to its run id: it was changed")
+    _check_labels(record.get("labels"), damaged)
+    _check_values(record, "", damaged)
+    videos = record.get("per_prompt")
+    if not isinstance(videos, list):
+        raise damaged("no per_prompt (the per-video results)" if videos is None
+                      else f"per_prompt = {type(videos).__name__}, not a list of videos")
+    for i, video in enumerate(videos):
+        if not isinstance(video, dict) or not isinstance(video.get("prompt"), str) or \
+                not isinstance(video.get("seed"), int) or isinstance(video.get("seed"), bool):
+            raise damaged(f"per_prompt[{i}] is not a video result (a prompt and an integer seed)")
+        _check_values(video, f"per_prompt[{i}].", damaged)
+    _check_videos(identity, videos, damaged)
+    _check_requested(record, identity, videos, damaged)
+    files = record.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise damaged(f"files = {files!r} is not a mapping of side files")
+    return record
+
+
+def _check_labels(labels: Any, damaged: Callable[[str], DamagedRunError]) -> None:
+    if not isinstance(labels, dict):
+        raise damaged("no labels" if labels is None else f"labels = {labels!r} is not a mapping")
+    lacking = [k for k in LABEL_FIELDS if k not in labels]
+    if lacking:
+        raise damaged(f"labels lack {', '.join(lacking)}")
+    for key, nullable in INTEGER_LABELS.items():
+        value = labels.get(key)
+        if key in labels and not (value is None and nullable) and (not isinstance(value, int) or
+                                                                   isinstance(value, bool)):
+            raise damaged(f"labels.{key} = {value!r} is not an integer")
+
+
+def _check_values(holder: dict, where: str, damaged: Callable[[str], DamagedRunError]) -> None:
+    """``metrics``: numbers (null: not a number); ``missing``: a reason per metric."""
+    metrics, missing = holder.get("metrics"), holder.get("missing", {})
+    if not isinstance(metrics, dict):
+        raise damaged(f"no {where}metrics" if metrics is None else f"{where}metrics is not a mapping")
+    for key, value in metrics.items():
+        if not _number(value):
+            raise damaged(f"{where}metrics.{key} = {value!r} is not a number")
+    if not isinstance(missing, dict):
+        raise damaged(f"{where}missing is not a mapping")
+    for key, reason in missing.items():
+        if not isinstance(reason, str):
+            raise damaged(f"{where}missing.{key} = {reason!r} is not a reason")
+
+
+def _check_videos(identity: dict, videos: list[dict], damaged: Callable[[str], DamagedRunError]) -> None:
+    """One video per (prompt, seed) of the identity, no more."""
+    prompts, seeds = identity.get("prompts"), identity.get("seeds")
+    if not isinstance(prompts, list) or not isinstance(seeds, list):
+        return  # an identity that does not list them: nothing to count against
+    wanted = Counter((p, s) for p in prompts for s in seeds)
+    held = Counter((v["prompt"], v["seed"]) for v in videos)
+    lost, extra = wanted - held, held - wanted
+    if lost:
+        names = ", ".join(f"{p!r} seed {s}" for p, s in list(lost)[:SHOWN]) + (", ..." if len(lost) > SHOWN else "")
+        raise damaged(f"per_prompt holds {sum(held.values())} of the {sum(wanted.values())} videos its run id "
+                      f"asks for; missing {names}")
+    if extra:
+        p, s = next(iter(extra))
+        raise damaged(f"per_prompt holds a video its run id does not ask for: {p!r} seed {s}")
+
+
+def _has(metric: str, *holders: Mapping[str, Any]) -> bool:
+    """Whether any of the mappings has a key of ``metric`` (its name, or its keys' prefix)."""
+    prefix = METRIC_KEYS.get(metric, metric)
+    return any(k == metric or k == prefix or k.startswith(prefix + "_") for h in holders for k in h)
+
+
+def _check_requested(record: dict, identity: dict, videos: list[dict],
+                     damaged: Callable[[str], DamagedRunError]) -> None:
+    """Every metric the identity asks for: a value or a reason, for the run and for each video."""
+    requested = identity.get("metrics")
+    if not isinstance(requested, list):
+        return
+    reasons = record.get("missing", {})
+    for metric in requested:
+        if not _has(metric, record["metrics"], reasons):
+            raise damaged(f"metrics has no {metric} value and missing no reason for it")
+        for i, video in enumerate(videos):
+            if not _has(metric, video["metrics"], video.get("missing", {}), reasons):
+                raise damaged(f"per_prompt[{i}] ({video['prompt']!r} seed {video['seed']}) has no {metric} value "
+                              "and no reason it is missing")
+
+
+# --- attention.csv -----------------------------------------------------------------------------------
+def check_side_files(run_id: str, run_dir: Path, record: dict) -> None:
+    """The side files the record lists are there, at the size it gives: a stat each, and a read only when the
+    size is wrong (to say what is wrong)."""
+    for name, listed in record.get("files", {}).items():
+        path = run_dir / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DamagedRunError(run_id, path, f"missing: the record lists it with {listed.get('rows')} rows") \
+                from None
+        if size != listed.get("bytes"):
+            if name == ATTENTION_FILE:
+                read_attention(run_id, run_dir, record)  # names what is wrong, when it can be said
+            raise DamagedRunError(run_id, path, f"{size} bytes, the record says {listed.get('bytes')}: changed "
+                                                "since the run wrote it")
+
+
+def side_file_entry(path: Path, rows: int) -> dict:
+    """The record's ``files`` entry of a side file just written."""
+    return {"rows": int(rows), "bytes": path.stat().st_size}
+
+
+def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | None:
+    """The run's probe table (``attention.csv``), checked whole: a text table with the probe columns and
+    numbers where numbers belong; when the record lists it, its rows and the same probes for every probed
+    video. None when the run has no such file; DamagedRunError naming the file and what is wrong otherwise."""
+    path = run_dir / ATTENTION_FILE
+    listed = record.get("files", {}).get(ATTENTION_FILE)
+
+    def damaged(what: str) -> DamagedRunError:
+        return DamagedRunError(run_id, path, what)
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if listed is None:
+            return None
+        raise damaged(f"missing: the record lists it with {listed.get('rows')} rows") from None
+    frame = _probe_table(data, damaged)
+    if listed is not None:
+        _check_probe_rows(frame, record, listed, damaged)
+        if len(data) != listed.get("bytes"):
+            raise damaged(f"{len(data)} bytes, the record says {listed.get('bytes')}: changed since the run wrote it")
+    return frame
+
+
+def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError]) -> pd.DataFrame:
+    """The bytes of a probe table as a DataFrame: text, CSV, the probe columns, rows, numbers."""
+    if not data.strip():
+        raise damaged("empty: no header and no rows")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise damaged("not text: binary data where a CSV table belongs") from None
+    try:
+        frame = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, ValueError) as e:
+        raise damaged(f"not a CSV table ({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
+    lacking = [c for c in PROBE_COLUMNS if c not in frame.columns]
+    if lacking:
+        raise damaged(f"its header lacks the columns {', '.join(lacking)} (header: {text.splitlines()[0][:60]!r})")
+    if frame.empty:
+        raise damaged("header only, no rows")
+    if not text.endswith("\n"):
+        raise damaged(f"truncated: its last row (line {len(frame) + 1}) is cut off")
+    for column in frame.columns:
+        if column in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(frame[column]):
+            continue
+        values = frame[column]
+        text_rows = values[pd.to_numeric(values, errors="coerce").isna() & values.notna()]
+        if len(text_rows):
+            raise damaged(f"column {column} holds text where numbers belong ({text_rows.iloc[0]!r} on line "
+                          f"{int(text_rows.index[0]) + 2})")
+    return frame
+
+
+def _check_probe_rows(frame: pd.DataFrame, record: dict, listed: dict,
+                      damaged: Callable[[str], DamagedRunError]) -> None:
+    """The rows the record lists, and the same number of probes for every probed video."""
+    probed = {(v.get("index"), v["seed"]) for v in record["per_prompt"] if _has("attention", v["metrics"])}
+    held = {tuple(int(x) for x in key) for key in frame[list(PROBE_VIDEO)].drop_duplicates().itertuples(index=False)}
+    lost = sorted(probed - held)
+    if lost:
+        raise damaged(f"no probe rows for video(s) {', '.join(f'{i} (seed {s})' for i, s in lost[:SHOWN])} of the "
+                      f"{len(probed)} the record has probes for")
+    per_video = frame.groupby(list(PROBE_VIDEO)).size()
+    if per_video.nunique() > 1:
+        (index, seed), rows = per_video.idxmin(), int(per_video.min())
+        raise damaged(f"video {index} (seed {seed}) has {rows} probe rows, the others {int(per_video.max())}")
+    if len(frame) != listed.get("rows"):
+        raise damaged(f"{len(frame)} rows, the record says {listed.get('rows')}")

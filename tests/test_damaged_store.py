@@ -1,0 +1,134 @@
+"""A damaged results store: a record or attention.csv that no longer holds what its run id says is named in one
+line (the file and the field), counts as unfinished so the rerun regenerates it, and never thins a table.
+
+One real store (the built-in model, random weights, RTN INT2 without and with the correction, two videos each)
+is copied per case and damaged one way."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jensenkv.record_check import DamagedStoreError
+from jensenkv.report.table1 import build_table1
+from jensenkv.report.table1 import main as table1_main
+from jensenkv.run import run_overrides
+from jensenkv.tracking import ResultsStore, load_attention, load_results
+from pipeline_testkit import fast_overrides
+
+SETTINGS = ("eval.metrics=[psnr,attention,content]", "eval.seeds=[0,1]", "quant.bits=2", "quant.group_size=32")
+DAMAGED = "correction=taylor"  # the run every case damages
+
+
+def _overrides(results: Path, weights: Path, correction: str) -> list[str]:
+    return fast_overrides(results, weights, *SETTINGS, correction)
+
+
+def _table(results: Path) -> list[tuple]:
+    """What a Table 1 cell reads from the store: its treatment, videos and numbers."""
+    table = build_table1(results).table
+    return [tuple(row) for row in table[["treatment", "num_prompts", "num_videos", "psnr", "delta_p_s"]]
+            .itertuples(index=False)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_weights):
+    root = tmp_path_factory.mktemp("damaged") / "results"
+    records = {c: run_overrides(_overrides(root, tiny_weights, c)) for c in ("correction=none", DAMAGED)}
+    return {"root": root, "record": records[DAMAGED], "table": _table(root), "weights": tiny_weights}
+
+
+def _edit_record(change):
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text())
+        change(record)
+        path.write_text(json.dumps(record))
+    return damage
+
+
+def _edit_csv(change):
+    def damage(path: Path) -> None:
+        path.write_bytes(change(path.read_bytes()))
+    return damage
+
+
+def _text_value(data: bytes) -> bytes:
+    """A number of the last row replaced by text of the same length (the file keeps its size)."""
+    lines = data.split(b"\n")
+    cells = lines[-2].split(b",")
+    cells[-1] = b"x" * len(cells[-1])
+    return b"\n".join([*lines[:-2], b",".join(cells), b""])
+
+
+CASES = {  # name: (file, damage, what the line says)
+    "record without labels": ("record.json", _edit_record(lambda r: r.pop("labels")), "no labels"),
+    "record without identity": ("record.json", _edit_record(lambda r: r.pop("identity")), "no identity"),
+    "record without per_prompt": ("record.json", _edit_record(lambda r: r.pop("per_prompt")), "no per_prompt"),
+    "one video removed": ("record.json", _edit_record(lambda r: r["per_prompt"].pop()),
+                          "per_prompt holds 1 of the 2 videos"),
+    "metric as text": ("record.json", _edit_record(lambda r: r["metrics"].update(psnr="abc")),
+                       "metrics.psnr = 'abc' is not a number"),
+    "bits as text": ("record.json", _edit_record(lambda r: r["labels"].update(bits="2")),
+                     "labels.bits = '2' is not an integer"),
+    "record not JSON": ("record.json", _edit_csv(lambda b: b[: len(b) // 2]), "not JSON"),
+    "attention.csv deleted": ("attention.csv", lambda p: p.unlink(), "missing"),
+    "attention.csv empty": ("attention.csv", _edit_csv(lambda b: b""), "empty"),
+    "attention.csv header only": ("attention.csv", _edit_csv(lambda b: b.split(b"\n")[0] + b"\n"), "header only"),
+    "attention.csv cut mid-row": ("attention.csv", _edit_csv(lambda b: b[:-7]), "truncated"),
+    "attention.csv last rows lost": ("attention.csv", _edit_csv(lambda b: b"\n".join(b.split(b"\n")[:-4]) + b"\n"),
+                                     "probe rows, the others"),
+    "attention.csv binary": ("attention.csv", _edit_csv(lambda b: bytes(range(256)) * 8), "not text"),
+    "attention.csv garbage header": ("attention.csv", _edit_csv(lambda b: b"garbage;header\n" + b),
+                                     "header lacks the columns"),
+    "attention.csv text values": ("attention.csv", _edit_csv(_text_value), "holds text where numbers belong"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_damaged_run_is_named_regenerated_and_never_thins_a_table(case, store, tmp_path, caplog):
+    file, damage, says = CASES[case]
+    root = tmp_path / "results"
+    shutil.copytree(store["root"], root)
+    run_id = store["record"]["run_id"]
+    path = ResultsStore(root).run_dir(run_id) / file
+    damage(path)
+    line = f"damaged run {run_id} ({path}): "
+
+    # named in one line, by the store and by the report, which refuses to build a table without the run
+    assert str(ResultsStore(root).damage(run_id)).startswith(line) and says in str(ResultsStore(root).damage(run_id))
+    with pytest.raises(SystemExit) as refused:
+        table1_main(["--results", str(root), "--no-figures"])
+    named = [text for text in str(refused.value).splitlines() if line in text]
+    assert len(named) == 1 and says in named[0], str(refused.value)
+    assert not ResultsStore(root).has_record(run_id)
+
+    # the rerun regenerates it (never "already finished") and the table reads as before the damage
+    caplog.set_level(logging.INFO, logger="jensenkv.run")
+    record = run_overrides(_overrides(root, store["weights"], DAMAGED))
+    assert "already finished" not in caplog.text and line in caplog.text
+    assert record["run_id"] == run_id and ResultsStore(root).damage(run_id) is None
+    assert record["metrics"] == store["record"]["metrics"] and record["per_prompt"] == store["record"]["per_prompt"]
+    assert len(load_attention(root, run_id)) == store["record"]["files"]["attention.csv"]["rows"]
+    assert _table(root) == store["table"]
+
+
+def test_the_store_lists_every_damaged_run_and_a_sound_one_is_not_redone(store, tmp_path, caplog):
+    root = tmp_path / "results"
+    shutil.copytree(store["root"], root)
+    runs = sorted(p.parent for p in root.glob("runs/*/record.json"))
+    for run in runs:
+        (run / "attention.csv").write_bytes(b"")
+    with pytest.raises(DamagedStoreError) as info:
+        load_results(root)
+    lines = str(info.value).splitlines()
+    assert [line.split()[2] for line in lines[:-1]] == [run.name for run in runs]  # one line per run
+    assert "rerun" in lines[-1] and "nothing was deleted" in lines[-1]
+
+    shutil.rmtree(root)
+    shutil.copytree(store["root"], root)
+    caplog.set_level(logging.INFO, logger="jensenkv.run")
+    run_overrides(_overrides(root, store["weights"], DAMAGED))
+    assert "already finished" in caplog.text and "damaged run" not in caplog.text
