@@ -194,7 +194,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
     from jensenkv.models import build_adapter
     from jensenkv.models.registry import family
     from jensenkv.run.runner import check_finite, default_threads
-    from jensenkv.tracking import atomic_write_json
+    from jensenkv.tracking import atomic_write_json, check_output_file
 
     spec = calibration_spec(spec)
     if shrink is not None and (isinstance(shrink, bool) or not isinstance(shrink, (int, float))
@@ -203,6 +203,8 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
                          "(1: the correction as derived, 0: none)")
     name = name or default_name(spec) + ("" if shrink is None else f"-shrunk{shrink:g}")
     path = Path(out) if out is not None else spec.results_dir / "calibration" / f"{name}.json"
+    setting = "--out" if out is not None else "paths.results_dir"
+    check_output_file(path, setting)  # before any video: a bad path must not cost the whole calibration
     if spec.geometry is None:
         raise ValueError(f"model {spec.model.name!r}: its layer and head counts cannot be read from its config files")
     layers, heads = spec.geometry.layers, spec.geometry.heads
@@ -263,7 +265,11 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
         "git_commit": git_commit(),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    atomic_write_json(path, content)
+    try:
+        atomic_write_json(path, content)
+    except OSError as e:  # e.g. the disk filled up while the videos were generated
+        raise ValueError(f"{setting}: cannot write {path} ({e.strerror or e}); the fit is lost, free space or "
+                         "choose another path and rerun") from None
     log.info("wrote %s", path)
     return path
 

@@ -14,7 +14,8 @@ Layout under the results directory (``paths.results_dir``, default ``results/``)
 
 Every file is written to a temporary file in the same directory and moved into place with
 ``os.replace``, so a crash never leaves a half-written record behind; what a killed writer leaves is removed
-by the next process that takes the run's lock.
+by the next process that takes the run's lock, or by the next run of it once no live writer can own it
+(``ResultsStore.remove_leftovers``).
 """
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ class ResultsWriteError(ValueError):
     """The results directory cannot be written (read-only, full, a file in the way): one line, no traceback."""
 
 
+class LockError(ResultsWriteError):
+    """A lock that can never be taken (its file cannot be read or created): one line instead of a wait."""
+
+
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
                 errno.EISDIR)
 
@@ -91,20 +96,49 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     return path
 
 
+def check_output_file(path: str | os.PathLike, setting: str) -> None:
+    """Fail in one line naming ``setting`` when ``path`` cannot be written: it is a folder, a file is in the way
+    of its folder, or its nearest existing folder refuses a new file (checked before any heavy work)."""
+    from jensenkv.checks import fail
+
+    path = Path(path)
+    if path.is_dir():
+        fail(setting, str(path), "it is a folder: give a file path")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        fail(setting, str(path), f"{folder} is a file, not a folder: give a path in a writable folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        fail(setting, str(path), f"its folder {folder} cannot be written ({e.strerror or e}): give a path in a "
+                                 "writable folder")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
+def tmp_files(folder: Path) -> list[Path]:
+    """Temporary files under ``folder``: ``atomic_write``'s ``.*.tmp``, the ``.tmp/`` folder and older
+    ``videos/.*.tmp.mp4``."""
+    if not folder.is_dir():
+        return []
+    found = [*folder.rglob(".*.tmp"), *folder.rglob(".*.tmp.mp4"), *folder.glob(f"{TMP_DIR}/**/*")]
+    return [path for path in found if path.is_file()]
+
+
 def remove_tmp_files(folder: Path, keep: Callable[[Path], bool] = lambda p: False) -> list[Path]:
     """Delete temporary files left by killed writers under ``folder`` (call it while holding the folder's
-    lock): ``atomic_write``'s ``.*.tmp``, the ``.tmp/`` folder and older ``videos/.*.tmp.mp4``."""
+    lock)."""
     removed = []
-    if not folder.is_dir():
-        return removed
-    for path in [*folder.rglob(".*.tmp"), *folder.rglob(".*.tmp.mp4"), *folder.glob(f"{TMP_DIR}/**/*")]:
-        if path.is_file() and not keep(path):
+    for path in tmp_files(folder):
+        if not keep(path):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
@@ -167,7 +201,7 @@ UNREADABLE_GRACE_S = 5.0  # an empty / garbled lock younger than this may be mid
 
 
 def lock_stale_after_s() -> float:
-    """Seconds without a heartbeat after which a lock held on another host is taken over
+    """Seconds without a heartbeat after which a lock is taken over, whoever holds it
     ($JENSENKV_LOCK_STALE_S, default 120; the holder renews it every quarter of that)."""
     raw = os.environ.get(LOCK_STALE_ENV)
     if raw is None:
@@ -202,8 +236,10 @@ class FileLock:
     The lock file holds {host, pid, pid_started, started, heartbeat, token}; a thread renews the heartbeat
     every ``heartbeat_s``. A lock is stale, and taken over with a message, when it is empty or garbled (and
     older than a few seconds), when its process on this host is gone or its PID now belongs to another
-    process, or when it had no heartbeat for ``stale_after_s`` (a preempted SLURM job, a dead node, a host
-    change). Check-and-take-over runs under an OS lock (``filelock``, released by the kernel when its holder
+    process, or when it had no heartbeat for ``stale_after_s``, whatever its PID says (a preempted SLURM job,
+    a dead node, a hung or suspended process, a reused PID without a start time): every wait for a lock ends
+    within ``stale_after_s`` of its holder's last beat. A lock file that cannot be read or created raises
+    LockError (one line) instead of waiting. Check-and-take-over runs under an OS lock (``filelock``, released by the kernel when its holder
     dies), so two processes never both take over the same stale lock. A holder that finds its lease taken
     sets ``lost`` and stops renewing it.
     """
@@ -221,21 +257,36 @@ class FileLock:
         self._thread: threading.Thread | None = None
 
     # -- the guard: serialises every check-and-write of the lock file --------------------------------
-    def _guard(self):
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
         import filelock
 
-        self.guard_path.parent.mkdir(parents=True, exist_ok=True)
-        return filelock.FileLock(str(self.guard_path), timeout=max(30.0, self.stale_after_s))
+        timeout = max(30.0, self.stale_after_s)  # held a few ms at a time: a longer wait is a fault
+        try:
+            self.guard_path.parent.mkdir(parents=True, exist_ok=True)
+            guard = filelock.FileLock(str(self.guard_path), timeout=timeout)
+            guard.acquire()
+        except filelock.Timeout:
+            raise LockError(f"the lock guard {self.guard_path} was not free within {timeout:.0f}s: a process "
+                            "holding it is hung; end it or remove the file") from None
+        except OSError as e:
+            raise LockError(f"the lock guard {self.guard_path} cannot be used ({e.strerror or e}): "
+                            "fix or remove it, or point paths.results_dir elsewhere") from None
+        try:
+            yield
+        finally:
+            guard.release()
 
     def _read(self) -> tuple[dict | None, float | None]:
         """(holder or None if empty/garbled, file mtime); (None, None) when there is no lock file."""
         try:
             mtime = self.path.stat().st_mtime
             text = self.path.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no lock file (can) exist there
             return None, None
-        except OSError:
-            return None, time.time()
+        except OSError as e:  # a folder or an unreadable file: no holder will ever release it
+            raise LockError(f"the lock file {self.path} cannot be read ({e.strerror or e}): remove it by hand "
+                            "(nothing else is deleted) and rerun") from None
         try:
             holder = json.loads(text)
         except json.JSONDecodeError:
@@ -262,9 +313,8 @@ class FileLock:
                 recorded = holder.get("pid_started")
                 if isinstance(recorded, (int, float)) and math.isfinite(started) and abs(started - recorded) > 1.0:
                     return f"PID {pid} now belongs to another process (started at {started:.0f}, not {recorded:.0f})"
-                return None  # a live local process: trusted even if its heartbeat is late (e.g. suspended)
-        if now - beat > self.stale_after_s:
-            return f"no heartbeat for {now - beat:.0f}s (> {self.stale_after_s:.0f}s)"
+        if now - beat > self.stale_after_s:  # a live PID too: its holder renews the lease every heartbeat_s
+            return f"no heartbeat for {now - beat:.0f}s (> {self.stale_after_s:g}s)"
         return None
 
     def _lease(self, started: float) -> dict:
@@ -273,7 +323,10 @@ class FileLock:
 
     def try_acquire(self) -> bool:
         """Take the lock if free (or stale, with a message); False if a live holder has it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise self._cannot_create(e) from None
         with self._guard():
             holder, mtime = self._read()
             if mtime is not None:
@@ -288,6 +341,8 @@ class FileLock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             except FileExistsError:  # a process that does not use the guard got there first
                 return False
+            except OSError as e:
+                raise self._cannot_create(e) from None
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump(self._lease(now), f)
@@ -300,6 +355,10 @@ class FileLock:
         self._thread = threading.Thread(target=self._heartbeat, name=f"lease {self.path.name}", daemon=True)
         self._thread.start()
         return True
+
+    def _cannot_create(self, error: OSError) -> LockError:
+        return LockError(f"the lock file {self.path} cannot be created ({error.strerror or error}): a file is in "
+                         "the way or the folder is read-only; check paths.results_dir")
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -357,7 +416,7 @@ class FileLock:
     def describe_holder(self) -> str:
         holder, _ = self._read()
         return (f"{self._describe(holder)} (lock file {self.path}; taken over if that process dies or "
-                f"stops its heartbeat for {self.stale_after_s:.0f}s)")
+                f"stops its heartbeat for {self.stale_after_s:g}s)")
 
     def release(self) -> None:
         if not self.held:
@@ -457,6 +516,27 @@ class ResultsStore:
             self.tmp_dir(run_id).rmdir()  # only when empty
         if removed:
             log.info("removed %d temporary file(s) left by an interrupted run %s", len(removed), run_id)
+        return removed
+
+    def remove_leftovers(self, run_id: str) -> list[Path]:
+        """Remove what killed writers left around a run that no live writer can own, without taking its lock:
+        temporary files in its folder and in refs/ (lock heartbeats, references) untouched for longer than the
+        lock's stale limit, and an error.json beside a finished record. Best effort: a read-only store keeps
+        them."""
+        limit = time.time() - lock_stale_after_s()
+        leftovers = [*tmp_files(self.run_dir(run_id)), *tmp_files(self.refs_dir)]
+        if self.record_path(run_id).exists():
+            leftovers.append(self.error_path(run_id))
+        removed = []
+        for path in leftovers:
+            try:
+                if path.name == ERROR_FILE or path.stat().st_mtime < limit:
+                    path.unlink()
+                    removed.append(path)
+            except OSError:  # gone meanwhile, or a read-only store
+                continue
+        if removed:
+            log.info("removed %d file(s) left by interrupted writers around run %s", len(removed), run_id)
         return removed
 
     def clean_ref_tmp(self, ref_id: str) -> None:

@@ -173,8 +173,14 @@ def task(cfg: Any) -> dict | None:
 
     Set JENSENKV_DEBUG=1 to get the traceback instead.
     """
+    import logging
     import os
 
+    from jensenkv.run.orphans import stop_with_sweep
+    from jensenkv.tracking import LockError
+
+    logging.raiseExceptions = False  # a log file on a full disk: no "--- Logging error ---" tracebacks
+    stop_with_sweep()  # a parallel worker ends with its sweep
     try:
         spec = build_spec(cfg)
     except (ValueError, FileNotFoundError) as e:  # bad value, missing weights: before any work
@@ -182,6 +188,9 @@ def task(cfg: Any) -> dict | None:
         sys.exit(2)
     try:
         return Runner(spec).run()
+    except LockError as e:  # a lock that can never be taken: before any work, like a bad value
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     except (ValueError, FileNotFoundError) as e:  # bad input, missing weights, damaged results: say what, where
         if os.environ.get("JENSENKV_DEBUG"):
             raise
@@ -191,8 +200,11 @@ def task(cfg: Any) -> dict | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: check every (swept) value, then hand over to Hydra."""
+    import logging
+
     import hydra
 
+    logging.raiseExceptions = False  # a log file on a full disk: no "--- Logging error ---" tracebacks
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         precheck(args)

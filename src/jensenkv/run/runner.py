@@ -365,6 +365,7 @@ class Runner:
     def _run(self) -> dict | None:
         from jensenkv.tracking import WRITE_ERRNOS, ResultsWriteError, describe_write_error
 
+        self.store.remove_leftovers(self.run_id)
         damage = self.store.damage(self.run_id)
         if damage is not None:  # a record or side file changed since the run wrote it: made again, never kept
             log.warning("%s: regenerating the run", damage)
@@ -607,12 +608,17 @@ class Runner:
         except Exception as e:  # noqa: BLE001
             log.warning("W&B logging failed (%s: %s); the local record is written, a rerun logs it",
                         type(e).__name__, e)
-            wb.finish(exit_code=1)
+            with contextlib.suppress(Exception):
+                wb.finish(exit_code=1)
             return
-        wb.finish()
-        atomic_write_json(self.store.wandb_marker_path(self.run_id),
-                          {"wandb_id": wandb_id, "mode": wb.mode, "project": self.spec.logger.project,
-                           "logged_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        try:  # a full disk here loses only the log: no marker, so the next rerun logs it again
+            wb.finish()
+            atomic_write_json(self.store.wandb_marker_path(self.run_id),
+                              {"wandb_id": wandb_id, "mode": wb.mode, "project": self.spec.logger.project,
+                               "logged_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        except Exception as e:  # noqa: BLE001
+            log.warning("W&B logging failed (%s: %s); the local record is written, a rerun logs it",
+                        type(e).__name__, e)
 
 
 def _versions() -> dict:

@@ -4,6 +4,10 @@ Hydra reports neither runs skipped because another process holds them nor runs a
 reached, so the command plans its runs first (every job of the sweep, with its run id) and checks the
 results store after Hydra returns. A run still held by a live process elsewhere (another sweep, a SLURM
 job) is waited for, with a message. Any run without a record at the end makes the exit status non-zero.
+
+Ctrl-C prints one line and the summary (exit 130). A run whose record is written counts as done even when its
+W&B log failed (a full disk, W&B down): the summary says so, and any rerun logs it (exit 0: every result is
+in the store).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger("jensenkv.run")
 MISSING_EXIT = 1  # runs missing or failed at the end of the command
+INTERRUPTED_EXIT = 130  # Ctrl-C (128 + SIGINT), as a shell reports it
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,9 @@ class PlannedRun:
     results_dir: Path
     label: str
     finished_before: bool
+    videos: int = 0           # the run's videos (prompts x seeds)
+    videos_kept: int = 0      # of them, finished by an earlier, interrupted command (resumed, not redone)
+    wandb: bool = False       # W&B is on: a finished run must also have its W&B log
 
 
 def _job_overrides(args: Sequence[str]) -> list[list[str]] | None:
@@ -59,7 +67,7 @@ def _label(spec) -> str:
 def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
     """The distinct runs of the command, and whether each was finished before it started; None if unknown."""
     from jensenkv.run.spec import build_spec, compose_config
-    from jensenkv.tracking import ResultsStore
+    from jensenkv.tracking import ResultsStore, resolve_wandb_mode
 
     try:
         jobs = _job_overrides(args)
@@ -70,34 +78,42 @@ def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
             spec = build_spec(compose_config(overrides))
             if spec.run_id not in planned:
                 store = ResultsStore(spec.results_dir)
-                planned[spec.run_id] = PlannedRun(spec.run_id, Path(spec.results_dir), _label(spec),
-                                                  store.has_record(spec.run_id))
+                finished = store.has_record(spec.run_id)  # a damaged run counts as unfinished
+                videos = len(spec.prompts) * len(spec.eval.seeds)
+                kept = 0 if finished else sum(store.prompt_result_path(spec.run_id, i).exists() for i in range(videos))
+                planned[spec.run_id] = PlannedRun(spec.run_id, Path(spec.results_dir), _label(spec), finished,
+                                                  videos, kept, resolve_wandb_mode(spec.logger.mode) != "disabled")
     except Exception as e:  # noqa: BLE001 - range sweeps and the like: Hydra runs them, without a summary
         print(f"note: no run summary for this command ({type(e).__name__}: {e})", file=sys.stderr)
         return None
     return list(planned.values())
 
 
-def outcome(run: PlannedRun, started_at: float) -> tuple[str, str]:
-    """("done" | "skipped" | "failed" | "missing", detail) of one planned run after the command ran."""
-    from jensenkv.tracking import CorruptRecordError, ResultsStore, read_json
+def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str, str]:
+    """("done" | "skipped" | "failed" | "missing", detail) of one planned run after the command ran; a done or
+    skipped run whose W&B log is still missing has the detail "wandb pending". ``wait``: wait for a run in
+    progress elsewhere (not after Ctrl-C)."""
+    from jensenkv.tracking import CorruptRecordError, ResultsStore, ResultsWriteError, read_json
 
     store = ResultsStore(run.results_dir)
+    wandb_pending = run.wandb and not store.wandb_marker_path(run.run_id).exists()
     try:
         if run.finished_before:
-            return "skipped", "already finished"
+            return "skipped", "wandb pending" if wandb_pending else "already finished"
         lock = store.run_lock(run.run_id)
         if not store.has_record(run.run_id) and lock.is_held_elsewhere():
+            if not wait:
+                return "missing", f"in progress elsewhere: {lock.describe_holder()}"
             log.warning("run %s (%s) is in progress elsewhere: waiting for it", run.run_id, run.label)
             print(f"waiting for run {run.run_id} ({run.label}), in progress elsewhere: {lock.describe_holder()}",
                   file=sys.stderr, flush=True)
             lock.wait_released()
         if store.has_record(run.run_id):
-            return "done", ""
+            return "done", "wandb pending" if wandb_pending else ""
         damage = store.damage(run.run_id)
         if damage is not None:
             return "failed", str(damage)
-    except CorruptRecordError as e:
+    except (CorruptRecordError, ResultsWriteError) as e:
         return "failed", str(e)
     error = store.error_path(run.run_id)
     if error.exists() and error.stat().st_mtime >= started_at - 1:
@@ -108,13 +124,24 @@ def outcome(run: PlannedRun, started_at: float) -> tuple[str, str]:
     return "missing", "no record: not run, interrupted, or its process was killed; rerun the command to finish it"
 
 
-def summarize(runs: list[PlannedRun], started_at: float) -> tuple[str, bool]:
-    """(the summary text, True when every run has a record)."""
-    results = {run.run_id: outcome(run, started_at) for run in runs}
+def _wandb_note(results: dict, status: str) -> str:
+    pending = sum(1 for s, detail in results.values() if s == status and detail == "wandb pending")
+    return f"{pending} W&B log{'s' if pending > 1 else ''} failed: will retry on rerun" if pending else ""
+
+
+def summarize(runs: list[PlannedRun], started_at: float, wait: bool = True) -> tuple[str, bool]:
+    """(the summary text, True when every run has a record); ``wait``: see ``outcome``."""
+    results = {run.run_id: outcome(run, started_at, wait) for run in runs}
     counts = {k: sum(1 for status, _ in results.values() if status == k) for k in ("done", "skipped", "failed",
                                                                                   "missing")}
-    lines = [f"summary: {len(runs)} run(s): {counts['done']} done, {counts['skipped']} skipped (already finished), "
-             f"{counts['failed']} failed, {counts['missing']} missing"]
+    done_note, skipped_note = _wandb_note(results, "done"), _wandb_note(results, "skipped")
+    resumed = [run for run in runs if run.videos_kept]
+    lines = [f"summary: {len(runs)} run(s): {counts['done']} done{f' ({done_note})' if done_note else ''}, "
+             f"{counts['skipped']} skipped (already finished{f'; {skipped_note}' if skipped_note else ''}), "
+             f"{counts['failed']} failed, {counts['missing']} missing"
+             + (f"; resumed {len(resumed)} run{'s' if len(resumed) > 1 else ''} with finished videos "
+                f"({sum(r.videos_kept for r in resumed)} of {sum(r.videos for r in resumed)} videos kept)"
+                if resumed else "")]
     for run in runs:
         status, detail = results[run.run_id]
         if status in ("failed", "missing"):
@@ -122,20 +149,41 @@ def summarize(runs: list[PlannedRun], started_at: float) -> tuple[str, bool]:
     return "\n".join(lines), counts["failed"] + counts["missing"] == 0
 
 
+INTERRUPTED = ("interrupted: Ctrl-C stopped the command; finished runs and videos are kept, and the same "
+               "command resumes the rest")
+
+
 def run_with_summary(args: Sequence[str], launch: Callable[[], None]) -> None:
-    """Plan the runs, ``launch`` (Hydra), then print the summary; exit non-zero when runs are missing."""
-    runs = plan_runs(args)
-    if runs is None:
-        launch()
-        return
+    """Plan the runs, ``launch`` (Hydra), then print the summary; exit non-zero when runs are missing, 130
+    after Ctrl-C (one line, the summary, no traceback)."""
+    from jensenkv.run.orphans import mark_sweep_process
+
+    mark_sweep_process()  # parallel workers stop when this process dies
+    try:
+        runs = plan_runs(args)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
     started_at = time.time()
     code: int | str | None = 0
+    interrupted = False
     try:
         launch()
     except SystemExit as e:  # a job's one-line error stops Hydra's sweep: still say where the sweep stands
         code = e.code
-    text, complete = summarize(runs, started_at)
+    except KeyboardInterrupt:
+        interrupted = True
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+    if runs is None:
+        if interrupted:
+            sys.exit(INTERRUPTED_EXIT)
+        if code not in (0, None):
+            sys.exit(code)
+        return
+    text, complete = summarize(runs, started_at, wait=not interrupted)
     print(text, file=sys.stderr, flush=True)
+    if interrupted:
+        sys.exit(INTERRUPTED_EXIT)
     if code not in (0, None):
         sys.exit(code)
     if not complete:
