@@ -19,6 +19,7 @@ setup: $(STAMP) ## create .venv and install the suite with its dev extra (3-9 mi
 # Where the machine has no NVIDIA GPU, torch's CPU build comes from this index when it answers (TORCH_CPU_INDEX=
 # turns that off); the registries this project reaches serve only the CUDA build of torch 2.14.1 (README "Setup").
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CPU_INSTALL = $(PY) -m pip install -q -c constraints.txt --index-url $(TORCH_CPU_INDEX) torch torchvision
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "setup 1/4: $(VENV) with pip"
@@ -27,8 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@if [ -n "$(TORCH_CPU_INDEX)" ] && ! nvidia-smi -L >/dev/null 2>&1 && \
 		$(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
 		echo "setup 2/4: no NVIDIA GPU: torch and torchvision, CPU build, from $(TORCH_CPU_INDEX)"; \
-		$(PY) -m pip install -q -c constraints.txt torch torchvision --index-url $(TORCH_CPU_INDEX) \
-			|| echo "setup 2/4: the CPU build could not be installed: the default (CUDA) build follows"; \
+		$(TORCH_CPU_INSTALL) || echo "setup 2/4: no CPU build of the pinned torch there: the default build follows"; \
 	else echo "setup 2/4: torch's CPU index unused (a GPU here, or $(TORCH_CPU_INDEX) does not answer)"; fi
 	@echo "setup 3/4: the suite, torch 2.14.1 and its dependencies, pinned by constraints.txt (the longest step)"
 	@$(PY) -m pip install -q -c constraints.txt -e ".[dev]"  # pyproject allows a torch range; this pins 2.14.1
