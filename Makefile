@@ -14,25 +14,40 @@ export TOKENIZERS_PARALLELISM := false
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-setup: $(STAMP) ## create .venv and install the suite with its dev extra
+setup: $(STAMP) ## create .venv and install the suite with its dev extra (3-9 min the first time, ~7.5 GB)
+
+# Where the machine has no NVIDIA GPU, torch's CPU build comes from this index when it answers (TORCH_CPU_INDEX=
+# turns that off); the registries this project reaches serve only the CUDA build of torch 2.14.1 (README "Setup").
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CPU_INSTALL = $(PY) -m pip install -q -c constraints.txt --index-url $(TORCH_CPU_INDEX) torch torchvision
 
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"  # pyproject allows a torch range; this pins 2.14.1
-	# VBench's own pins conflict with diffusers: install its code without them, plus what the default
-	# dimensions' scorers import (openai-clip needs pkg_resources, gone from setuptools >= 81).
-	$(PY) -m pip install -q --no-deps vbench==0.1.5
-	$(PY) -m pip install -q decord==0.6.0 opencv-python-headless easydict openai-clip pyiqa timm "setuptools<81"
-	touch $(STAMP)
+	@echo "setup 1/4: $(VENV) with pip"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@if [ -n "$(TORCH_CPU_INDEX)" ] && ! nvidia-smi -L >/dev/null 2>&1 && \
+		$(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
+		echo "setup 2/4: no NVIDIA GPU: torch and torchvision, CPU build, from $(TORCH_CPU_INDEX)"; \
+		$(TORCH_CPU_INSTALL) || echo "setup 2/4: no CPU build of the pinned torch there: the default build follows"; \
+	else echo "setup 2/4: torch's CPU index unused (a GPU here, or $(TORCH_CPU_INDEX) does not answer)"; fi
+	@echo "setup 3/4: the suite, torch 2.14.1 and its dependencies, pinned by constraints.txt (the longest step)"
+	@$(PY) -m pip install -q -c constraints.txt -e ".[dev]"  # pyproject allows a torch range; this pins 2.14.1
+	@# What the default VBench dimensions' scorers import (openai-clip needs pkg_resources, gone from setuptools
+	@# >= 81), then VBench's code without its own pins, which conflict with diffusers: installed last and with
+	@# --no-deps, so pip's resolver check (the red "dependency conflicts" list) never runs over it.
+	@echo "setup 4/4: VBench's scorers (decord, opencv, openai-clip, pyiqa, timm), then VBench 0.1.5 without its pins"
+	@$(PY) -m pip install -q decord==0.6.0 opencv-python-headless easydict openai-clip pyiqa timm "setuptools<81"
+	@$(PY) -m pip install -q --no-deps vbench==0.1.5
+	@$(PY) -c "import torch; print('setup done: torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU build)')"
+	@touch $(STAMP)
 
-test: setup ## run the test suite (fast tests; CI runs this)
+test: setup ## run the test suite (fast tests; CI runs this; about 8-9 min on a quiet 2-core machine)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
 
 test-full: setup ## run every test, slow ones included
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-30 min on 2 cores)
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
 	# beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
 	# and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
@@ -48,7 +63,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 
-train-tiny: setup ## retrain the built-in model (<= 90 min on 2 CPU cores)
+train-tiny: setup ## retrain the built-in model (about 70 min on 2 CPU cores)
 	$(PY) scripts/train_tiny.py
 
 bench: setup ## benchmarks -> results/bench.csv and results/bench.md
@@ -85,8 +100,8 @@ figures: setup ## figures from results/runs -> results/figures/ (tradeoff, atten
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
 	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py  # the one target that may reach the Hub
 
-check-weights: setup ## which models, metrics and VBench dimensions are ready here, with every path looked in
-	$(PY) -m jensenkv.doctor
+check-weights: setup ## which models, metrics and VBench dimensions are ready here, with every path looked in (exit 0; STRICT=1: exit 1 if any is missing)
+	$(PY) -m jensenkv.doctor $(if $(STRICT),--strict)
 
 clean: ## remove run outputs (keeps committed tables and figures)
 	rm -rf outputs multirun results/runs results/refs results/wandb results/partial results/.cache results/.locks.guard \

@@ -16,6 +16,12 @@ Run on a machine with internet (``make fetch-weights``), then copy the caches if
     python scripts/fetch_weights.py                      # everything the default configs need
     python scripts/fetch_weights.py --only lpips vbench  # evaluators only
     python scripts/fetch_weights.py --dry-run            # list what is present / would be fetched
+    python scripts/fetch_weights.py --record-present     # trust files already in place (copied by hand)
+
+Every evaluator file it downloads (or, with --record-present, finds in place) is recorded with its SHA256 in
+``jensenkv-weights-manifest.json`` in the folder it goes to ($VBENCH_CACHE_DIR, $TORCH_HOME/hub/checkpoints):
+the scorers unpickle these files, and ``jensenkv.eval.checksums`` refuses one that is neither recorded there
+nor matches a published hash (CLIP's, or the hash in a torch-hub style name).
 
 Which LPIPS network and VBench dimensions: the default eval config (configs/eval/default.yaml), unless
 given with --lpips-net / --vbench-dims. Which models: every configs/model/*.yaml (each family says what its
@@ -33,6 +39,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jensenkv.eval.checksums import PUBLISHED_SHA256 as CLIP_SHA256  # OpenAI's CLIP hashes: one place
+from jensenkv.eval.checksums import name_hash_prefix
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
 
@@ -46,10 +55,6 @@ LPIPS_URLS = {
 # Hugging Face Hub); a download is kept only if its SHA256 equals OpenAI's.
 _CLIP_OPENAI = "https://openaipublic.azureedge.net/clip/models"
 _CLIP_MIRROR = "https://huggingface.co/jinaai/clip-models/resolve/main"
-CLIP_SHA256 = {
-    "ViT-B-32.pt": "40d365715913c9da98579312b702a82c18be219cc2a73407c4526f58eba950af",
-    "ViT-L-14.pt": "b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836",
-}
 # The URL in DINO's hubconf.dino_vitb16 (torch.hub.load_state_dict_from_url): the file name torch hub reads.
 DINO_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"
 _VBENCH_HF = "https://huggingface.co/OpenGVLab/VBench_Used_Models/resolve/main"
@@ -105,6 +110,7 @@ class Item:
     urls: tuple[str, ...] = field(default=())
     sha256: str | None = None
     patterns: tuple[str, ...] | None = None  # hf-snapshot: only these files of the repo (MAGI-1: one variant)
+    root: Path | None = None  # evaluator files: the folder whose manifest records the file's SHA256
 
     @property
     def present(self) -> bool:
@@ -139,7 +145,8 @@ def lpips_items(net: str) -> list[Item]:
     if net not in LPIPS_URLS:
         raise ValueError(f"--lpips-net={net!r} is not allowed: use one of {tuple(LPIPS_URLS)}")
     url = LPIPS_URLS[net]
-    return [Item(f"LPIPS backbone ({net})", lpips_backbone_path(net), url, urls=(url,))]
+    path = lpips_backbone_path(net)  # torch hub's name holds the SHA256 prefix: a download must match it
+    return [Item(f"LPIPS backbone ({net})", path, url, urls=(url,), sha256=name_hash_prefix(path), root=path.parent)]
 
 
 def vbench_cache_dir() -> Path:
@@ -168,9 +175,11 @@ def vbench_items(dimensions: list[str]) -> list[Item]:
                 raise ValueError(f"no known source for {path} (VBench dimension {dim}); copy it there by hand")
             if src.kind == "link":
                 linked = hub / src.urls[0].split(":", 1)[1]
-                items[path] = Item(f"VBench {dim}", path, str(linked), "link")
+                items[path] = Item(f"VBench {dim}", path, str(linked), "link", root=cache)
             else:
-                items[path] = Item(f"VBench {dim}", path, src.urls[0], src.kind, src.urls, src.sha256)
+                root = hub if path.parent == hub else cache
+                items[path] = Item(f"VBench {dim}", path, src.urls[0], src.kind, src.urls,
+                                   src.sha256 or name_hash_prefix(path), root=root)
     return sorted(items.values(), key=lambda item: item.kind == "link")  # stable: links after their files
 
 
@@ -238,7 +247,7 @@ def fetch(item: Item) -> None:
 
 
 def download_first(urls: tuple[str, ...], destination: Path, sha256: str | None) -> str:
-    """Download the first URL that works (and, with sha256, whose SHA256 matches) to ``destination``.
+    """Download the first URL that works (and, with sha256, whose SHA256 starts with it) to ``destination``.
 
     torch.hub.download_url_to_file checks the hash and removes a mismatching file. Returns the URL used;
     raises RuntimeError listing every URL's failure.
@@ -255,6 +264,20 @@ def download_first(urls: tuple[str, ...], destination: Path, sha256: str | None)
             errors.append(f"{url}: {type(e).__name__}: {e}")
     raise RuntimeError("no source worked" + (f" (expected SHA256 {sha256})" if sha256 else "") + ": "
                        + " | ".join(errors))
+
+
+def record_item(item: Item, source: str) -> str | None:
+    """Record an evaluator file's SHA256 in its folder's manifest (jensenkv.eval.checksums); None for models."""
+    from jensenkv.eval.checksums import record
+
+    return record(item.root, item.target, source) if item.root is not None and item.target.is_file() else None
+
+
+def recorded(item: Item) -> bool:
+    """Whether the file is already accepted (its manifest entry, published hash or name hash matches)."""
+    from jensenkv.eval.checksums import untrusted_reason
+
+    return untrusted_reason(item.target) is None
 
 
 def missing_packages(dimensions: list[str]) -> list[str]:
@@ -274,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vbench-dims", nargs="+", default=None, help="default: the eval config's dimensions")
     parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers / magi one)")
     parser.add_argument("--dry-run", action="store_true", help="list what is present and what would be fetched")
+    parser.add_argument("--record-present", action="store_true",
+                        help="record the SHA256 of evaluator files already in place that the manifest lacks "
+                             "(files you copied by hand and trust)")
     args = parser.parse_args(argv)
     ev = default_eval()
     dims = args.vbench_dims or list(ev["vbench"]["dimensions"])
@@ -295,9 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         if state == "fetching":
             try:
                 fetch(item)
+                record_item(item, item.source)
             except Exception as e:  # noqa: BLE001 - report every failure, keep going
                 failed += 1
                 print(f"  failed: {type(e).__name__}: {e}", file=sys.stderr)
+        elif state == "present" and args.record_present and item.root is not None and not recorded(item):
+            print(f"  recorded SHA256 {record_item(item, 'recorded by hand (--record-present)')}")
     if "vbench" in args.only:
         packages = missing_packages(dims)
         if packages:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib.util
 import subprocess
 import zipfile
@@ -178,3 +179,24 @@ def test_makefile_lets_only_fetch_weights_reach_the_network(tmp_path):
                           "fetch-weights", "check-weights"], capture_output=True, text=True, check=True).stdout
     assert "offline=unset scripts/fetch_weights.py" in out
     assert "offline=1 -m jensenkv.doctor" in out
+
+
+def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, monkeypatch):
+    """The manifest beside the downloads records each file's SHA256; files copied in by hand are accepted only
+    after --record-present."""
+    from jensenkv.eval.checksums import MANIFEST_NAME
+    from jensenkv.eval.vbench import dimension_untrusted_reason
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", _fake_download([]))
+    assert fw.main(["--only", "vbench", "--vbench-dims", "subject_consistency"]) == 0
+    manifest = json.loads((caches / "vb" / MANIFEST_NAME).read_text())["files"]
+    assert sorted(manifest) == sorted(DIMENSION_FILES["subject_consistency"])
+    hub = json.loads((caches / "torch" / "hub" / "checkpoints" / MANIFEST_NAME).read_text())["files"]
+    assert hub["dino_vitbase16_pretrain.pth"]["source"] == fw.DINO_URL
+    assert dimension_untrusted_reason("subject_consistency") is None
+    raft = caches / "vb" / DIMENSION_FILES["dynamic_degree"][0]
+    raft.parent.mkdir(parents=True)
+    raft.write_bytes(b"copied by hand")
+    assert "does not record it" in dimension_untrusted_reason("dynamic_degree")
+    assert fw.main(["--only", "vbench", "--vbench-dims", "dynamic_degree", "--record-present"]) == 0
+    assert dimension_untrusted_reason("dynamic_degree") is None

@@ -3,10 +3,12 @@
     python -m jensenkv.doctor                       # every model config, the default metrics and dimensions
     python -m jensenkv.doctor --models tiny --metrics psnr lpips vbench --vbench-dims temporal_flickering
     make check-weights                              # the same as the first line
+    python -m jensenkv.doctor --strict              # exit 1 when anything is missing (make check-weights STRICT=1)
 
 For each model config (configs/model/*.yaml) and each metric / VBench dimension it prints ready or
 missing, every file it looks for with the exact path (present or missing), and the Python modules the
-code imports with whether they import. Nothing is downloaded: the paths are the ones the consuming code
+code imports with whether they import; the last line counts what is ready. It is a report: it exits 0 unless
+``--strict`` (then 1 when anything is missing, for scripts). Nothing is downloaded: the paths are the ones the consuming code
 reads (eval.vbench, eval.fidelity, the model loaders), and ``make fetch-weights`` fills exactly these.
 
 The checks themselves are the families' (``jensenkv.models``: files and packages of each model) and the
@@ -99,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vbench-dims", nargs="*", default=None, choices=list(ALL_DIMENSIONS),
                         help="default: the eval config's dimensions")
     parser.add_argument("--lpips-net", default=None, choices=("alex", "vgg", "squeeze"))
+    parser.add_argument("--strict", action="store_true", help="exit 1 when anything is missing (default: exit 0)")
     args = parser.parse_args(argv)
     models = {n: configs[n] for n in (args.models if args.models is not None else configs)}
     metrics = args.metrics if args.metrics is not None else ev["metrics"]
@@ -106,7 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = readiness(metrics, dims, args.lpips_net or ev["lpips"]["net"], None)
     checks = [check_model(n, c) for n, c in models.items()] + checks
     print(format_report(checks))
-    return 0 if all(c.ready for c in checks) else 1
+    missing = sum(not c.ready for c in checks)
+    if missing:  # say what the exit status means: a missing model or metric is normal on a machine without weights
+        print(f"{missing} missing: a run on a missing model stops before any work, a missing metric or dimension "
+              f"is recorded missing with the reason; `make fetch-weights` on a machine with internet fetches "
+              f"them (exit {1 if args.strict else 0}{'' if args.strict else '; --strict exits 1'})")
+    return 1 if args.strict and missing else 0
 
 
 if __name__ == "__main__":

@@ -88,8 +88,16 @@ def _place_random_alexnet(torch_home) -> None:
 
 
 def test_lpips_runs_offline_once_the_backbone_is_in_place(tmp_path, monkeypatch):
+    import jensenkv.eval.checksums
+
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     _place_random_alexnet(tmp_path)
+    backbone = tmp_path / "hub" / "checkpoints" / LPIPS_BACKBONE_FILES["alex"]
+    status = lpips_availability("alex")  # a random stand-in: its SHA256 is not the 7be5be79... in its name
+    assert not status.available and status.reason.startswith(f"{backbone} refused before loading")
+    with pytest.raises(MissingWeightsError, match="refused before loading"):
+        LpipsScorer("alex")
+    monkeypatch.setattr(jensenkv.eval.checksums, "untrusted_reason", lambda path: None)  # as if it were the real one
     assert lpips_availability("alex").available
     scorer = LpipsScorer("alex")  # 16 x 16 frames are upsampled to 64 so AlexNet's stem has room
     ref = _video()

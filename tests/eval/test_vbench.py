@@ -101,14 +101,22 @@ def test_videos_must_share_one_folder(tmp_path):
         evaluate_vbench({str(a): "p", str(b): "p"}, ["temporal_flickering"])
 
 
-def _fake_subject_consistency_weights(cache, torch_home, in_hub: bool = True) -> None:
-    """Empty stand-ins for every file subject_consistency reads (VBench cache and torch hub)."""
+def _fake_subject_consistency_weights(cache, torch_home, in_hub: bool = True, recorded: bool = False) -> None:
+    """Empty stand-ins for every file subject_consistency reads (VBench cache and torch hub); ``recorded``: in
+    the manifests, as `make fetch-weights` leaves them."""
+    from jensenkv.eval.checksums import record
+
     for rel in DIMENSION_FILES["subject_consistency"]:
         (cache / rel).parent.mkdir(parents=True, exist_ok=True)
         (cache / rel).write_bytes(b"")
+        if recorded:
+            record(cache, cache / rel, "test")
     if in_hub:
-        (torch_home / "hub" / "checkpoints").mkdir(parents=True)
-        (torch_home / "hub" / "checkpoints" / "dino_vitbase16_pretrain.pth").write_bytes(b"")
+        hub = torch_home / "hub" / "checkpoints"
+        hub.mkdir(parents=True)
+        (hub / "dino_vitbase16_pretrain.pth").write_bytes(b"")
+        if recorded:
+            record(hub, hub / "dino_vitbase16_pretrain.pth", "test")
 
 
 def test_dino_weights_are_looked_for_where_dinos_hubconf_reads_them(tmp_path, monkeypatch):
@@ -130,7 +138,7 @@ def test_a_failing_dimension_is_recorded_missing_and_the_others_still_score(tmp_
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.setattr(vbench.utils, "CACHE_DIR", str(tmp_path / "vb"))
-    _fake_subject_consistency_weights(tmp_path / "vb", tmp_path / "torch")
+    _fake_subject_consistency_weights(tmp_path / "vb", tmp_path / "torch", recorded=True)
 
     def broken(*args, **kwargs):
         raise RuntimeError("DINO checkpoint is not a state dict")

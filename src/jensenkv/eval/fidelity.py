@@ -4,7 +4,8 @@ Videos are (F, C, H, W) float in [0, 1] (or uint8). PSNR is computed from the MS
 number per video), SSIM is the mean over frames; both run on the model's device in batches of frames.
 LPIPS needs a torchvision backbone file that this suite never downloads: ``lpips_availability`` checks for
 it BEFORE anything is constructed, and a missing file is reported as a missing metric with the file name
-and where to put it (``make fetch-weights`` fetches it).
+and where to put it (``make fetch-weights`` fetches it); a file whose SHA256 does not match the hash in its name
+is refused the same way (``jensenkv.eval.checksums``).
 """
 from __future__ import annotations
 
@@ -120,9 +121,12 @@ def lpips_backbone_path(net: str = "alex") -> Path:
 
 def lpips_availability(net: str = "alex") -> Availability:
     """Check for the backbone file without constructing anything (so nothing can trigger a download)."""
+    from jensenkv.eval.checksums import untrusted_reason
+
     path = lpips_backbone_path(net)
-    if path.is_file():
-        return Availability(True)
+    if path.is_file():  # torchvision unpickles it (torch.hub.load_state_dict_from_url): its name's hash must match
+        reason = untrusted_reason(path)
+        return Availability(reason is None, reason)
     return Availability(False, f"LPIPS backbone weights {path.name} not found: put the file in {path.parent} "
                                f"($TORCH_HOME/hub/checkpoints) or run `make fetch-weights` on a machine with internet")
 

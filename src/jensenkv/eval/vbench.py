@@ -7,7 +7,9 @@ before calling it, every requested dimension is checked here: its weight files u
 dino_vitbase16_pretrain.pth``, downloading it when absent) and the Python packages its scorer imports.
 Dimensions that fail the check are reported missing with the reason and never reach VBench. The others
 are scored one VBench call each, so a dimension that fails while scoring is recorded missing with its
-error instead of losing the rest. The aggregate score is the mean (x100) over the dimensions that ran,
+error instead of losing the rest. The scorers unpickle their weight files (``torch.load(weights_only=False)``),
+so each file is checked first (``jensenkv.eval.checksums``): a changed or unknown file makes the dimension
+missing, with the line that names it. The aggregate score is the mean (x100) over the dimensions that ran,
 and the record says which those were. ``temporal_flickering`` needs no weights and always runs.
 """
 from __future__ import annotations
@@ -116,6 +118,18 @@ def dimension_missing_reason(dimension: str, cache_dir: Path | None = None) -> s
     return None
 
 
+def dimension_untrusted_reason(dimension: str, cache_dir: Path | None = None) -> str | None:
+    """Why a dimension's weight files must not be loaded (None when each matches its published SHA256, the hash
+    in its name or the manifest `make fetch-weights` wrote); call it once the files are known to be present."""
+    from jensenkv.eval.checksums import untrusted_reason
+
+    for path in dimension_weight_paths(dimension, cache_dir):
+        reason = untrusted_reason(path) if path.is_file() else None
+        if reason is not None:
+            return reason
+    return None
+
+
 @dataclass
 class VBenchResult:
     """Per-dimension mean scores in [0, 1], per-video scores, what was missing and why."""
@@ -148,7 +162,7 @@ def evaluate_vbench(videos: Mapping[str, str], dimensions: Sequence[str], device
     result = VBenchResult()
     runnable = []
     for dim in dict.fromkeys(dimensions):
-        reason = dimension_missing_reason(dim)
+        reason = dimension_missing_reason(dim) or dimension_untrusted_reason(dim)
         if reason is None:
             runnable.append(dim)
         else:
