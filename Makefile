@@ -9,6 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean \
+	notebooks \
 	gpu-wheels gpu-check gpu-check-dry-run memory-headline
 
 help: ## list the targets
@@ -62,6 +63,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 "eval.seeds=[0]"
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
+	$(PY) -m jensenkv.report.videos --figure results/figures/video_strip.png  # BF16 | quantized | corrected -> results/videos/
 
 train-tiny: setup ## retrain the built-in model (about 70 min on 2 CPU cores)
 	$(PY) scripts/train_tiny.py
@@ -96,6 +98,10 @@ gpu-check-dry-run: setup ## the GPU checks' plumbing on this CPU (TRITON_INTERPR
 
 figures: setup ## figures from results/runs -> results/figures/ (tradeoff, attention mass, Jensen bias)
 	$(PY) -m jensenkv.report.figures
+
+notebooks: setup ## open notebooks/ in JupyterLab (installs jupyterlab into .venv on first use)
+	test -x $(VENV)/bin/jupyter-lab || $(PY) -m pip install -q jupyterlab
+	$(VENV)/bin/jupyter-lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)  # Jupyter refuses root unless told
 
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
 	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py  # the one target that may reach the Hub

@@ -114,7 +114,8 @@ TERMS = (("first_order", "first-order shift", "tab:orange"), ("jensen", "Jensen 
          ("log_zs_shift", "realized log Z_S shift", "black"), ("predicted_taylor", "b removes: sum pi b", "tab:blue"))
 
 
-def plot_diagnostics(table: pd.DataFrame, per_line: int = 4) -> Figure:
+def plot_diagnostics(table: pd.DataFrame, per_line: int = 4,
+                     title: str = "why the correction helps or over-corrects, per layer (uncorrected runs)") -> Figure:
     """Per layer: the first-order shift, the Jensen term and its prediction, the realized log Z_S shift, what b
     removes and the residual (shift - b, with its interval) on top; n_eff below. One panel pair per row of ``per_layer``,
     ``per_line`` side by side."""
@@ -150,7 +151,7 @@ def plot_diagnostics(table: pd.DataFrame, per_line: int = 4) -> Figure:
         axes[2 * (j // cols) + 1][j % cols].axis("off")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, bbox_to_anchor=(0.5, 0.955))
-    fig.suptitle("why the correction helps or over-corrects, per layer (uncorrected runs)")
+    fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
 
@@ -208,16 +209,25 @@ class Diagnostics:
         return cls(pd.DataFrame(columns=list(COLUMNS)), missing=[why])
 
 
-def diagnose(opts: Options, bits: int = 2) -> Diagnostics:
-    """``per_layer`` over the uncorrected INT``bits`` rows of the claims' options (their rows, their pooled
-    replicates, their context), each from those of its runs that recorded the diagnostics."""
-    rows = [r for r in opts.rows if r != "bf16" and opts.first(r, "bits") == bits and "none" in opts.variants(r)]
+def diagnosed_runs(opts: Options, bits: int = 2) -> dict[str, pd.DataFrame]:
+    """{row: its uncorrected runs that recorded the diagnostics} over the uncorrected INT``bits`` rows of the
+    claims' options (their rows, pooled replicates and context): what ``diagnose`` reads."""
     diagnosed = {}
-    for row in rows:
+    for row in opts.rows:
+        if row == "bf16" or opts.first(row, "bits") != bits or "none" not in opts.variants(row):
+            continue
         runs = opts.members(row, "none")
         runs = runs[runs[DIAGNOSED].notna()] if DIAGNOSED in runs.columns else runs.iloc[0:0]
         if len(runs):
             diagnosed[row] = runs
+    return diagnosed
+
+
+def diagnose(opts: Options, bits: int = 2) -> Diagnostics:
+    """``per_layer`` over the uncorrected INT``bits`` rows of the claims' options (their rows, their pooled
+    replicates, their context), each from those of its runs that recorded the diagnostics."""
+    rows = [r for r in opts.rows if r != "bf16" and opts.first(r, "bits") == bits and "none" in opts.variants(r)]
+    diagnosed = diagnosed_runs(opts, bits)
     if not diagnosed:
         why = "" if not rows else (" recorded the error-model diagnostics (em_* probe keys): run with "
                                    "attention.diagnostics=true and 'attention' in eval.metrics")

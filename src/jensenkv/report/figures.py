@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 
 from jensenkv.eval.attention import mass_by_layer_step
 from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
+from jensenkv.report.model_choice import choose_model
 from jensenkv.report.rows import attach_details, full_cache
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.tracking import load_attention, load_results
@@ -64,7 +65,8 @@ def plot_tradeoff(runs: pd.DataFrame, metric: str = "psnr", title: str | None = 
 REFERENCE_LABEL = "same call, run's own cache in full precision"
 
 
-def plot_attention_mass(frames: Mapping[str, pd.DataFrame], reference_label: str = REFERENCE_LABEL) -> Figure:
+def plot_attention_mass(frames: Mapping[str, pd.DataFrame], reference_label: str = REFERENCE_LABEL,
+                        title: str = "attention mass on the cache per layer and step") -> Figure:
     """P_S (attention mass on the cache) per denoising step, one panel per layer.
 
     frames: {label: probe DataFrame of one run} (``load_attention``). The reference curve is p_s_ref of the
@@ -95,7 +97,7 @@ def plot_attention_mass(frames: Mapping[str, pd.DataFrame], reference_label: str
     for r in range(rows):
         axes[r][0].set_ylabel("P_S (mass on cached chunks)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("attention mass on the cache per layer and step")
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
 
@@ -164,6 +166,26 @@ def rtn_runs(runs: pd.DataFrame, model: str | None = None, results_dir: str | Pa
     return comparable(runs[mask])
 
 
+def attention_frames(results_dir: str | Path, rtn: pd.DataFrame, bits: int = 2,
+                     group_size: int = 32) -> dict[str, pd.DataFrame]:
+    """{"INT2 RTN" / "INT2 RTN + taylor" ...: probe table} of the latest INT``bits`` g``group_size`` run per
+    correction among ``rtn`` (one model's ``rtn_runs``), in the legend's order; runs without probes are skipped.
+    Each table carries its run_id."""
+    if rtn.empty:
+        return {}
+    at_bits = rtn[(rtn["bits"] == bits) & (rtn["group_size"] == group_size)]
+    chosen = latest(at_bits, ("correction",)).set_index("correction")["run_id"] if not at_bits.empty else {}
+    frames = {}
+    for correction in [c for c in CORRECTION_STYLE if c in chosen]:
+        try:
+            frame = load_attention(results_dir, chosen[correction])
+        except FileNotFoundError:
+            continue
+        label = f"INT{bits} RTN" + ("" if correction == "none" else f" + {correction}")
+        frames[label] = frame.assign(run_id=chosen[correction])
+    return frames
+
+
 def write_figures(results_dir: str | Path = "results", out_dir: str | Path | None = None,
                   model: str | None = None, bits: int = 2, group_size: int = 32) -> dict[str, str]:
     """Save tradeoff.png, attention_mass.png, jensen_bias.png and diagnostics.png (per-layer error-model
@@ -184,7 +206,7 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
     if runs.empty:
         written["tradeoff"] = written["attention_mass"] = f"skipped: no runs under {results_dir}"
         return written
-    model = model or runs["model"].iloc[0]
+    model = choose_model(runs, model, key="--model")  # one model per figure, never the first row's
     selection = rtn_runs(runs, model, results_dir)
     rtn = selection.runs
     if selection.left_out:

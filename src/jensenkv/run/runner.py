@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from jensenkv.models.registry import family
+from jensenkv.run.done_line import done_line
 from jensenkv.run.spec import RunSpec
+from jensenkv.video_files import save_mp4, save_upscaled
 
 log = logging.getLogger("jensenkv.run")
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
@@ -110,28 +112,6 @@ def _to_uint8(video: Any) -> Any:
     import torch
 
     return (video.clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-def save_mp4(video_u8: Any, path: Path, fps: int, tmp_dir: Path | None = None) -> Path:
-    """(F, C, H, W) uint8 -> H.264 mp4, encoded to a temp file in ``tmp_dir`` (default: next to ``path``; a
-    run uses its .tmp/ folder, outside videos/, which VBench scores whole) and moved into place (os.replace)."""
-    import imageio.v2 as imageio
-
-    frames = video_u8.permute(0, 2, 3, 1).contiguous().numpy()  # (F, H, W, C)
-    if frames.shape[-1] == 1:
-        frames = frames.repeat(3, axis=-1)
-    even = frames.shape[1] % 2 == 0 and frames.shape[2] % 2 == 0  # yuv420p needs even sides
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = path.parent if tmp_dir is None else Path(tmp_dir)
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_dir / f".{path.stem}.{os.getpid()}.tmp.mp4"
-    try:
-        imageio.mimwrite(tmp, list(frames), fps=fps, codec="libx264", quality=9, macro_block_size=1,
-                         ffmpeg_log_level="error", pixelformat="yuv420p" if even else "yuv444p")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 class Runner:
@@ -345,8 +325,10 @@ class Runner:
             self.score_content(prompt, video, metrics, missing)
         video_file = None
         if spec.eval.save_videos or "vbench" in spec.eval.metrics:
-            video_file = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.eval.fps,
-                                  tmp_dir=self.store.tmp_dir(self.run_id)).name
+            saved = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.eval.fps,
+                             tmp_dir=self.store.tmp_dir(self.run_id))
+            save_upscaled(video, saved, spec.eval.fps, tmp_dir=self.store.tmp_dir(self.run_id))  # for watching
+            video_file = saved.name
         result = {"index": index, "prompt": prompt, "seed": seed, "reference_id": ref_id, "video": video_file,
                   "metrics": metrics, "missing": missing, "timings": timings, **stats, **extra}
         atomic_write_json(path, result)
@@ -399,8 +381,7 @@ class Runner:
             raise
         finally:
             lock.release()
-        log.info("run %s done: %s", self.run_id, {k: v for k, v in record["metrics"].items()
-                                                   if k in ("psnr", "ssim", "lpips", "vbench", "delta_p_s_mean")})
+        log.info("run %s done: %s", self.run_id, done_line(record))
         return record
 
     def execute(self) -> dict:

@@ -1,0 +1,251 @@
+"""Side-by-side video strips: BF16 | quantized | corrected, one per prompt, for watching what a setting does.
+
+``python -m jensenkv.report.videos [--results R] [--model M] [--correction taylor]`` writes, for one model
+(``report.model_choice``) and every row of the claims' options (``report.options``: one context, the latest
+run per row, replicate and variant) that has both an uncorrected and a corrected run,
+``<results>/videos/<model>/<row>_<correction>/<prompt>.mp4`` and a labelled contact sheet of a few frames
+(``.png``) beside it. The quantized and corrected videos are the two runs' videos of one replicate (the
+first in Table 1's order), prompt and seed (the first seed); the BF16 video is the reference both were
+scored against (``refs/<reference_id>.pt``). Each panel is enlarged by an integer factor, nearest neighbour
+(``jensenkv.video_files``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from jensenkv.checks import fail
+from jensenkv.report.model_choice import choose_model
+from jensenkv.report.options import load_options
+from jensenkv.tracking import ResultsStore, atomic_write, load_results
+from jensenkv.video_files import UPSCALED_DIR, load_mp4, mp4_fps, save_mp4, upscale
+
+STRIP_DIR = "videos"  # under the results directory: <results>/videos/<model>/<setting>/<prompt>.mp4
+GAP = 8  # pixels between two panels of a strip (even: the encoder's yuv420p needs even sides)
+LABEL_HEIGHT = 32  # pixels of the label bar over a strip video
+SHEET_FRAMES = 6  # frames on a contact sheet, evenly spaced
+
+
+@dataclass
+class Panel:
+    """One video of a strip: its label, where it comes from, and the file or reference it is read from."""
+
+    label: str
+    source: str  # "run <id>" or "reference <id>"
+    path: Path
+    psnr: float | None = None
+
+
+@dataclass
+class Strip:
+    """BF16 | quantized | corrected for one prompt and seed of one row."""
+
+    model: str
+    row: str
+    correction: str
+    prompt: str
+    seed: int
+    panels: tuple[Panel, Panel, Panel]
+
+    @property
+    def title(self) -> str:
+        return f"{self.model}: {self.row}, none vs {self.correction}; prompt {self.prompt!r}, seed {self.seed}"
+
+
+def slug(text: str, limit: int = 60) -> str:
+    """A file name from free text: lower case, runs of other characters as one "-"."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")[:limit].strip("-") or "x"
+
+
+def _video_entries(store: ResultsStore, run_id: str) -> dict[tuple[str, int], dict]:
+    """{(prompt, seed): per-prompt entry} of a run's videos that were saved."""
+    record = store.read_record(run_id)
+    return {(v["prompt"], int(v["seed"])): v for v in record.get("per_prompt", []) if v.get("video")}
+
+
+def _panel(store: ResultsStore, label: str, run_id: str, entry: dict) -> Panel:
+    psnr = (entry.get("metrics") or {}).get("psnr")
+    return Panel(label, f"run {run_id}", store.run_dir(run_id) / "videos" / entry["video"],
+                 float(psnr) if psnr is not None else None)
+
+
+def plan_strips(results_dir: str | Path, model: str | None = None, correction: str = "taylor",
+                rows: list[str] | None = None) -> tuple[str | None, list[Strip], list[str]]:
+    """(the model shown, its strips, one line per row left without a strip and why); ``rows``: only these
+    rows of the options (their names as in claims.md, e.g. "rtn INT2 g32"), else every row."""
+    runs = load_results(results_dir)
+    model = choose_model(runs, model, key="--model")
+    if model is None:
+        return None, [], [f"no finished runs under {results_dir}"]
+    opts = load_options(results_dir, model)[model]
+    store = ResultsStore(results_dir)
+    if rows is not None and set(rows) - set(opts.rows):
+        fail("--row", sorted(set(rows) - set(opts.rows)), f"use rows of {model}'s options: {opts.rows}")
+    strips, skipped = [], []
+    for row in opts.rows:
+        if row == "bf16" or (rows is not None and row not in rows):
+            continue
+        if correction not in opts.variants(row) or "none" not in opts.variants(row):
+            skipped.append(f"{row}: no pair of an uncorrected and a {correction} run")
+            continue
+        base, treated = opts.members(row, "none"), opts.members(row, correction)
+        shared = [r for r in base["replicate"] if r in set(treated["replicate"])]  # Table 1's replicate order
+        if not shared:
+            skipped.append(f"{row}: its none and {correction} runs share no replicate (seed fields)")
+            continue
+        quantized_id = base.loc[base["replicate"] == shared[0], "run_id"].iloc[0]
+        corrected_id = treated.loc[treated["replicate"] == shared[0], "run_id"].iloc[0]
+        quantized, corrected = _video_entries(store, quantized_id), _video_entries(store, corrected_id)
+        first_seed: dict[str, int] = {}
+        for prompt, seed in sorted(set(quantized) & set(corrected), key=lambda k: k[1]):
+            first_seed.setdefault(prompt, seed)
+        if not first_seed:
+            skipped.append(f"{row}: runs {quantized_id} and {corrected_id} saved no videos of a common prompt "
+                           "(eval.save_videos=false?)")
+            continue
+        for prompt, seed in first_seed.items():
+            q, c = quantized[(prompt, seed)], corrected[(prompt, seed)]
+            if q.get("reference_id") != c.get("reference_id") or not q.get("reference_id"):
+                skipped.append(f"{row}, {prompt!r} seed {seed}: runs {quantized_id} and {corrected_id} were scored "
+                               "against different BF16 references")
+                continue
+            reference = Panel("BF16", f"reference {q['reference_id']}", store.ref_path(q["reference_id"]))
+            strips.append(Strip(model, row, correction, prompt, seed,
+                                (reference, _panel(store, f"{row} (no correction)", quantized_id, q),
+                                 _panel(store, f"{row} + {correction}", corrected_id, c))))
+    return model, strips, skipped
+
+
+def read_panel(panel: Panel):
+    """A panel's video, (F, C, H, W) uint8, enlarged (the run's upscaled copy when it has one)."""
+    import torch
+
+    if panel.source.startswith("reference"):
+        return upscale(torch.load(panel.path, weights_only=True)["video"])
+    large = panel.path.parent.parent / UPSCALED_DIR / panel.path.name
+    return load_mp4(large) if large.exists() else upscale(load_mp4(panel.path))
+
+
+def _label_bar(labels: list[str], panel_width: int):
+    """(3, LABEL_HEIGHT, width) uint8: each label centred over its panel, white on black."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    width = len(labels) * panel_width + (len(labels) - 1) * GAP
+    fig = plt.figure(figsize=(width / 100, LABEL_HEIGHT / 100), dpi=100, facecolor="black")
+    for i, label in enumerate(labels):
+        x = (i * (panel_width + GAP) + panel_width / 2) / width
+        fig.text(x, 0.5, label, color="white", ha="center", va="center", fontsize=9)
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()  # (LABEL_HEIGHT, width, 3)
+    plt.close(fig)
+    return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def strip_video(strip: Strip):
+    """The strip as one video: (F, C, LABEL_HEIGHT + H, 3 W + 2 GAP) uint8, labels on top."""
+    import torch
+
+    videos = [read_panel(p) for p in strip.panels]  # each (F, C, H, W)
+    shapes = {tuple(v.shape) for v in videos}
+    if len(shapes) != 1:
+        raise ValueError(f"the videos of {strip.title} differ in shape ({sorted(shapes)}): no strip")
+    frames, channels, height, width = videos[0].shape
+    gap = torch.zeros(frames, channels, height, GAP, dtype=torch.uint8)
+    body = torch.cat([videos[0], gap, videos[1], gap, videos[2]], dim=-1)  # (F, C, H, 3 W + 2 GAP)
+    bar = _label_bar([p.label for p in strip.panels], width)[:channels]  # (C, LABEL_HEIGHT, 3 W + 2 GAP)
+    return torch.cat([bar.expand(frames, -1, -1, -1), body], dim=-2), videos
+
+
+def contact_sheet(strip: Strip, videos, frames: int = SHEET_FRAMES):
+    """A figure: one line per panel (label, PSNR against BF16), ``frames`` evenly spaced frames, numbered."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    count = videos[0].shape[0]
+    picks = sorted(set(np.linspace(0, count - 1, min(frames, count)).round().astype(int).tolist()))
+    fig, axes = plt.subplots(len(videos), len(picks), figsize=(1.6 * len(picks) + 1.2, 1.7 * len(videos) + 0.6),
+                             squeeze=False)
+    for line, (panel, video) in enumerate(zip(strip.panels, videos)):
+        for col, index in enumerate(picks):
+            ax = axes[line][col]
+            ax.imshow(video[index].permute(1, 2, 0).numpy(), interpolation="nearest")  # (H, W, C)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if line == 0:
+                ax.set_title(f"frame {index}", fontsize=8)
+        label = panel.label + (f"\nPSNR {panel.psnr:.1f} dB" if panel.psnr is not None else "")
+        axes[line][0].set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
+    fig.suptitle(strip.title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def write_strips(results_dir: str | Path, out_dir: str | Path | None = None, model: str | None = None,
+                 correction: str = "taylor", fps: float | None = None,
+                 rows: list[str] | None = None) -> tuple[str | None, list[Path], list[str]]:
+    """Write every strip's mp4 and contact sheet; (model, the mp4 paths, the rows skipped and why)."""
+    import matplotlib.pyplot as plt
+
+    results_dir = Path(results_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir / STRIP_DIR
+    model, strips, skipped = plan_strips(results_dir, model, correction, rows)
+    written, names = [], set()
+    for strip in strips:
+        folder = out / slug(strip.model) / f"{slug(strip.row)}_{slug(strip.correction)}"
+        name = slug(strip.prompt)
+        while (folder, name) in names:  # two prompts with one slug
+            name += "-"
+        names.add((folder, name))
+        try:
+            video, panels = strip_video(strip)
+        except (OSError, ValueError) as e:
+            skipped.append(f"{strip.title}: {e}")
+            continue
+        path = save_mp4(video, folder / f"{name}.mp4", fps or mp4_fps(strip.panels[1].path))
+        fig = contact_sheet(strip, panels)
+        atomic_write(folder / f"{name}.png", lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
+        plt.close(fig)
+        written.append(path)
+    return model, written, skipped
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m jensenkv.report.videos`` (``make reproduce-table1`` runs it after the report)."""
+    parser = argparse.ArgumentParser(description="BF16 | quantized | corrected video strips, one per prompt")
+    parser.add_argument("--results", default=os.environ.get("JENSENKV_RESULTS") or "results",
+                        help="results directory with runs/ (default: $JENSENKV_RESULTS, else results)")
+    parser.add_argument("--model", default=None, help="the model shown (default: the built-in model, else the first)")
+    parser.add_argument("--correction", default="taylor", help="the corrected column (default: taylor)")
+    parser.add_argument("--out", default=None, help=f"where the strips go (default: <results>/{STRIP_DIR})")
+    parser.add_argument("--row", action="append", default=None,
+                        help='only this row (repeatable), named as in claims.md, e.g. "rtn INT2 g32" (default: all)')
+    parser.add_argument("--fps", type=float, default=None, help="frames per second (default: the runs' videos')")
+    parser.add_argument("--figure", default=None,
+                        help="also copy the first strip's contact sheet here (e.g. results/figures/video_strip.png)")
+    args = parser.parse_args(argv)
+    try:
+        model, written, skipped = write_strips(args.results, args.out, args.model, args.correction, args.fps,
+                                               args.row)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    for line in skipped:
+        print(f"no strip: {line}")
+    if not written:
+        raise SystemExit(f"error: no strip written for model {model!r} under {args.results}")
+    where = written[0].parent.parent
+    print(f"{len(written)} strip{'s' if len(written) != 1 else ''} of {model} (BF16 | quantized | {args.correction}) under {where}: "
+          f"<setting>/<prompt>.mp4 and .png")
+    if args.figure:
+        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(written[0].with_suffix(".png"), args.figure)
+        print(f"figure: {args.figure} ({written[0].with_suffix('.png')})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Videos a person can watch: the runner's upscaled copies (outside the folder VBench scores) and the report's
+BF16 | quantized | corrected strips, paired by the report's selection rule, of one model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import imageio.v2 as imageio
+import pytest
+import torch
+from two_models import with_second_model
+
+from jensenkv.report.model_choice import BUILT_IN_MODEL
+from jensenkv.report.videos import GAP, LABEL_HEIGHT, plan_strips, write_strips
+from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.video_files import LONG_SIDE, UPSCALED_DIR, load_mp4, upscale, upscale_factor
+
+
+def test_upscale_is_nearest_neighbour_by_an_integer_factor():
+    video = torch.randint(0, 256, (3, 3, 16, 12), dtype=torch.uint8)  # (F, C, H, W)
+    large = upscale(video)
+    assert large.shape == (3, 3, 256, 192) and large.dtype == torch.uint8  # 16 x: 256 on the long side
+    assert torch.equal(large[..., ::16, ::16], video)
+    assert torch.equal(large[..., 15::16, 15::16], video)  # each pixel a 16 x 16 block
+    assert upscale_factor(480, 832) == 1 and upscale(torch.zeros(1, 3, 480, 832)).shape[-1] == 832
+
+
+def test_every_saved_video_has_an_upscaled_copy_outside_the_vbench_folder(results_store):
+    store = ResultsStore(results_store)
+    checked = 0
+    for record in store.iter_records():
+        run = store.run_dir(record["run_id"])
+        for entry in [v for v in record["per_prompt"] if v.get("video")]:
+            with imageio.get_reader(run / UPSCALED_DIR / entry["video"]) as reader:
+                assert reader.get_meta_data()["size"] == (LONG_SIDE, LONG_SIDE)  # 16 x 16 -> 256 x 256
+            if record["labels"]["quantizer"] == "bf16":  # its video is the stored reference, known exactly
+                truth = torch.load(store.ref_path(entry["reference_id"]), weights_only=True)["video"].float()
+                original, large = load_mp4(run / "videos" / entry["video"]), load_mp4(run / UPSCALED_DIR / entry["video"])
+                assert large.shape == (truth.shape[0], 3, LONG_SIDE, LONG_SIDE)  # every frame
+                shrunk = large[..., 8::16, 8::16].float()  # one pixel per 16 x 16 block
+                assert (shrunk - truth).abs().mean() < 3  # the codec's rounding, no more
+                assert (original.float() - truth).abs().mean() > 3 * (shrunk - truth).abs().mean()  # and sharper
+            checked += 1
+        assert sorted(p.name for p in (run / "videos").iterdir()) == \
+            sorted(v["video"] for v in record["per_prompt"] if v.get("video"))  # VBench's folder: originals only
+    assert checked >= 10
+
+
+@pytest.fixture(scope="module")
+def two_models(results_store, tmp_path_factory):
+    root = tmp_path_factory.mktemp("videos") / "results"
+    return root, with_second_model(results_store, root)
+
+
+def test_a_strip_pairs_bf16_and_the_uncorrected_and_corrected_runs_of_one_row(two_models):
+    results, copies = two_models
+    model, strips, skipped = plan_strips(results)
+    assert model == BUILT_IN_MODEL and any(line.startswith("rtn INT2 g128: no pair") for line in skipped)
+    runs = load_results(results).set_index("run_id")
+    store = ResultsStore(results)
+    rows = set()
+    for strip in strips:
+        bf16, quantized, corrected = strip.panels
+        q_id, c_id = quantized.source.removeprefix("run "), corrected.source.removeprefix("run ")
+        assert q_id not in copies and c_id not in copies  # the built-in model's runs only
+        q, c = runs.loc[q_id], runs.loc[c_id]
+        assert (q["correction"], c["correction"]) == ("none", "taylor")
+        q_identity, c_identity = (store.read_record(r)["identity"] for r in (q_id, c_id))
+        assert q_identity["key"] == c_identity["key"] and q_identity["value"] == c_identity["value"]  # one row,
+        # one replicate (QuaRot's two rotation seeds are two replicates: the strip takes one, in both columns)
+        videos = {(v["prompt"], v["seed"]): v for v in store.read_record(q_id)["per_prompt"]}
+        assert bf16.source == f"reference {videos[(strip.prompt, strip.seed)]['reference_id']}"
+        rows.add(strip.row)
+    assert {"rtn INT2 g32", "rtn INT4 g32", "quarot+rtn INT2 g32"} <= rows
+    assert "rtn INT2 g128" not in rows  # no uncorrected run to pair with
+
+
+def test_strips_are_written_as_video_and_contact_sheet(two_models, tmp_path):
+    results, _ = two_models
+    model, (path,), _ = write_strips(results, tmp_path / "videos", rows=["rtn INT2 g32"])  # one prompt
+    assert path.parent.name == "rtn-int2-g32_taylor"
+    assert path.parent.parent == tmp_path / "videos" / model and path.with_suffix(".png").stat().st_size > 5_000
+    strip = load_mp4(path)  # (F, C, label bar + 256, 3 panels of 256 + 2 gaps)
+    assert strip.shape[-2:] == (LABEL_HEIGHT + LONG_SIDE, 3 * LONG_SIDE + 2 * GAP)
+    (planned,) = [s for s in plan_strips(results)[1] if s.row == "rtn INT2 g32"]
+    panels = [strip[:, :, LABEL_HEIGHT:, i * (LONG_SIDE + GAP):i * (LONG_SIDE + GAP) + LONG_SIDE] for i in range(3)]
+    reference = upscale(torch.load(planned.panels[0].path, weights_only=True)["video"])
+    quantized = load_mp4(planned.panels[1].path.parent.parent / UPSCALED_DIR / planned.panels[1].path.name)
+    for panel, expected in ((panels[0], reference), (panels[1], quantized)):
+        assert (panel.float() - expected.float()).abs().mean() < 8  # the right video in each column
+
+
+def test_the_command_names_where_the_strips_are(two_models, tmp_path, capsys):
+    from jensenkv.report.videos import main
+
+    results, _ = two_models
+    main(["--results", str(results), "--model", "a-second-model", "--out", str(tmp_path / "v"),
+          "--row", "qvg INT2 g32", "--figure", str(tmp_path / "figures" / "video_strip.png")])
+    out = capsys.readouterr().out
+    assert f"1 strip of a-second-model (BF16 | quantized | taylor) under {tmp_path / 'v' / 'a-second-model'}" in out
+    assert (tmp_path / "figures" / "video_strip.png").stat().st_size > 5_000
+    with pytest.raises(SystemExit, match="--model='nope' is not allowed"):
+        main(["--results", str(results), "--model", "nope"])
+    with pytest.raises(SystemExit, match=r"--row=\['rtn INT9'\] is not allowed: use rows of tiny's options"):
+        main(["--results", str(results), "--row", "rtn INT9"])
