@@ -63,6 +63,9 @@ def test_a_lock_that_can_never_be_taken_fails_in_one_line_instead_of_waiting(tmp
     under_a_file.wait_released()
     with pytest.raises(LockError, match="cannot be created"):
         under_a_file.acquire()
+    start = time.monotonic()  # a sweep over a results dir under a file: its summary used to wait forever
+    text, _ = summarize([PlannedRun("0123abcd", tmp_path / "file", "rtn", False)], time.time())
+    assert "1 missing" in text and time.monotonic() - start < 2
 
 
 def test_a_run_whose_lock_can_never_be_taken_exits_2_and_the_summary_does_not_wait(tmp_path, tiny_weights,
@@ -247,7 +250,8 @@ def test_ctrl_c_in_a_sweep_is_one_line_and_the_summary_and_the_rerun_resumes(tmp
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err and len(err.splitlines()) <= 5, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]  # less progress bars
+    assert "Traceback" not in err and len(lines) <= 4, err[-3000:]
     assert "interrupted: Ctrl-C" in err and "summary: 2 run(s):" in err
     rerun = subprocess.run(args, env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -260,8 +264,10 @@ def test_killing_a_parallel_sweep_stops_its_workers(tmp_path, tiny_weights):
 
     args = _sweep(tmp_path, tiny_weights, "correction=none,taylor", "eval.num_prompts=8", "generation.batch_size=1",
                   "hydra/launcher=local_parallel")
-    proc = subprocess.Popen(args, env=_env(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(args, env=_env(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
     try:
         _wait_for(tmp_path / "results", "runs/*/.lock", proc)  # a worker has started its job
         workers = psutil.Process(proc.pid).children(recursive=True)
@@ -270,6 +276,7 @@ def test_killing_a_parallel_sweep_stops_its_workers(tmp_path, tiny_weights):
         proc.wait()
         _, alive = psutil.wait_procs(workers, timeout=5)
         assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        assert "stopping: the sweep's main process is gone" in log.read_text()  # the watch, not a timeout
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed check left running
