@@ -146,17 +146,25 @@ def test_leftovers_no_live_writer_can_own_are_removed_by_the_next_run(tmp_path, 
 
 
 # --- 5. orphans: workers stop with their sweep --------------------------------------------------------------
-def test_a_worker_notices_that_its_parent_is_gone(monkeypatch):
+def test_a_worker_notices_that_its_sweep_is_gone(monkeypatch):
     from jensenkv.run import orphans
 
-    gone = []
-    parent = os.getppid()
-    watcher = orphans.watch_parent(lambda: gone.append(time.monotonic()), poll_s=0.02)
+    gone, alive = [], [True]
+    watcher = orphans.watch(lambda: alive[0], lambda: gone.append(time.monotonic()), poll_s=0.02)
     time.sleep(0.1)
-    assert not gone  # the parent lives
-    monkeypatch.setattr(orphans.os, "getppid", lambda: 1 if parent != 1 else 2)  # re-parented: it died
+    assert not gone  # the sweep lives
+    alive[0] = False
     watcher.join(timeout=2)
     assert len(gone) == 1 and not watcher.is_alive()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert orphans.is_alive(os.getppid()) and not orphans.is_alive(int(dead.stdout))
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.05)
+        assert not orphans.is_alive(later.pid)  # younger than this process: a reused PID, not the sweep
+    finally:
+        later.kill()
+        later.wait()
     monkeypatch.setenv(orphans.SWEEP_PID_ENV, str(os.getpid()))
     assert not orphans.is_sweep_worker()  # the sweep's own process never watches itself
     monkeypatch.setenv(orphans.SWEEP_PID_ENV, str(os.getpid() + 1))
@@ -269,13 +277,20 @@ def test_killing_a_parallel_sweep_stops_its_workers(tmp_path, tiny_weights):
         proc = subprocess.Popen(args, env=_env(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True)
     try:
-        _wait_for(tmp_path / "results", "runs/*/.lock", proc)  # a worker has started its job
+        deadline = time.monotonic() + 180
+        while len(list((tmp_path / "results").glob("runs/*/.lock"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # both workers have started their jobs
         workers = psutil.Process(proc.pid).children(recursive=True)
         assert workers
         proc.kill()  # kill -9 the sweep's main process only
         proc.wait()
         _, alive = psutil.wait_procs(workers, timeout=5)
-        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        def running(worker: psutil.Process) -> bool:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                return worker.status() != psutil.STATUS_ZOMBIE
+            return False
+
+        assert [p for p in alive if running(p)] == []
         assert "stopping: the sweep's main process is gone" in log.read_text()  # the watch, not a timeout
     finally:
         with contextlib.suppress(ProcessLookupError):
