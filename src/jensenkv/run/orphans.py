@@ -4,9 +4,10 @@ otherwise run its job to the end, unseen.
 The sweep's main process puts its PID in the environment (``mark_sweep_process``); its workers inherit it.
 A worker (a process other than that one) watches that process in a daemon thread and ends itself at once
 when it is gone, also when it died before the worker's job began (a PID reused by a younger process does not
-count as alive). Polling, not Linux's ``PR_SET_PDEATHSIG``: that signal fires when the parent *thread* that
-started the worker ends, and loky starts workers from short-lived helper threads. What a stopped worker leaves (a lock, temporary files) is
-what a kill leaves: the next run takes the lock over and removes the files.
+count as alive). Polling, not Linux's ``PR_SET_PDEATHSIG``: that signal fires when the *thread* that started
+the worker ends, not the process, and which thread starts loky's workers is loky's business. What a stopped
+worker leaves (a lock, temporary files) is what a kill leaves: the next run takes the lock over and removes
+the files.
 """
 from __future__ import annotations
 
@@ -61,7 +62,6 @@ def watch(alive: Callable[[], bool], on_gone: Callable[[], None] = _stop, poll_s
                 return
 
     thread = threading.Thread(target=check, name="sweep watch", daemon=True)
-    thread.stop = stopped.set  # type: ignore[attr-defined]  # for tests
     thread.start()
     return thread
 
