@@ -239,9 +239,9 @@ class FileLock:
     process, or when it had no heartbeat for ``stale_after_s``, whatever its PID says (a preempted SLURM job,
     a dead node, a hung or suspended process, a reused PID without a start time): every wait for a lock ends
     within ``stale_after_s`` of its holder's last beat. A lock file that cannot be read or created raises
-    LockError (one line) instead of waiting. Check-and-take-over runs under an OS lock (``filelock``, released by the kernel when its holder
-    dies), so two processes never both take over the same stale lock. A holder that finds its lease taken
-    sets ``lost`` and stops renewing it.
+    LockError (one line) instead of waiting. Check-and-take-over runs under an OS lock (``filelock``,
+    released by the kernel when its holder dies), so two processes never both take over the same stale lock.
+    A holder that finds its lease taken sets ``lost`` and stops renewing it.
     """
 
     def __init__(self, path: str | os.PathLike, stale_after_s: float | None = None,

@@ -2,11 +2,12 @@
 otherwise run its job to the end, unseen.
 
 The sweep's main process puts its PID in the environment (``mark_sweep_process``); its workers inherit it.
-A worker (a process other than that one) watches its parent in a daemon thread and ends itself at once when
-the parent is gone (the kernel then re-parents it, so ``os.getppid`` changes). Polling, not Linux's
-``PR_SET_PDEATHSIG``: that signal fires when the parent *thread* that started the worker ends, and loky
-starts workers from short-lived helper threads. What a stopped worker leaves (a lock, temporary files) is
-what a kill leaves: the next run takes the lock over and removes the files.
+A worker (a process other than that one) watches that process in a daemon thread and ends itself at once
+when it is gone, also when it died before the worker's job began (a PID reused by a younger process does not
+count as alive). Polling, not Linux's ``PR_SET_PDEATHSIG``: that signal fires when the *thread* that started
+the worker ends, not the process, and which thread starts loky's workers is loky's business. What a stopped
+worker leaves (a lock, temporary files) is what a kill leaves: the next run takes the lock over and removes
+the files.
 """
 from __future__ import annotations
 
@@ -37,19 +38,30 @@ def _stop() -> None:
     os._exit(1)  # like the kill that ended the parent: no cleanup, the next run takes over what is left
 
 
-def watch_parent(on_parent_gone: Callable[[], None] = _stop, poll_s: float = POLL_S) -> threading.Thread:
-    """Call ``on_parent_gone`` (default: end this process) once this process's parent is gone."""
-    parent = os.getppid()
+def is_alive(pid: int) -> bool:
+    """True while process ``pid`` runs and is older than this one (so not a later process given its PID)."""
+    import psutil
+
+    try:
+        sweep = psutil.Process(pid)
+        return sweep.status() != psutil.STATUS_ZOMBIE and sweep.create_time() <= psutil.Process().create_time()
+    except psutil.NoSuchProcess:
+        return False
+
+
+def watch(alive: Callable[[], bool], on_gone: Callable[[], None] = _stop, poll_s: float = POLL_S) -> threading.Thread:
+    """Call ``on_gone`` (default: end this process) as soon as ``alive()`` is False, checked every ``poll_s``."""
     stopped = threading.Event()
 
-    def watch() -> None:
-        while not stopped.wait(poll_s):
-            if os.getppid() != parent:
-                on_parent_gone()
+    def check() -> None:
+        while True:
+            if not alive():
+                on_gone()
+                return
+            if stopped.wait(poll_s):
                 return
 
-    thread = threading.Thread(target=watch, name="sweep parent watch", daemon=True)
-    thread.stop = stopped.set  # type: ignore[attr-defined]  # for tests
+    thread = threading.Thread(target=check, name="sweep watch", daemon=True)
     thread.start()
     return thread
 
@@ -70,4 +82,5 @@ def stop_with_sweep() -> None:
     started alone may outlive its shell, e.g. under nohup)."""
     global _watching
     if _watching is None and is_sweep_worker() and _joblib_job():
-        _watching = watch_parent()
+        sweep = int(os.environ[SWEEP_PID_ENV])
+        _watching = watch(lambda: is_alive(sweep))

@@ -12,6 +12,7 @@ in the store).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -159,6 +160,9 @@ def run_with_summary(args: Sequence[str], launch: Callable[[], None]) -> None:
     from jensenkv.run.orphans import mark_sweep_process
 
     mark_sweep_process()  # parallel workers stop when this process dies
+    # Ctrl-C ends joblib's workers mid-job: the resource tracker's note on their semaphores is noise
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"),
+                                                          "ignore:resource_tracker:UserWarning")))
     try:
         runs = plan_runs(args)
     except KeyboardInterrupt:
