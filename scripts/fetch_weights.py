@@ -325,8 +325,11 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - report every failure, keep going
                 failed += 1
                 print(f"  failed: {type(e).__name__}: {e}", file=sys.stderr)
-        elif state == "present" and args.record_present and item.root is not None and not recorded(item):
-            print(f"  recorded SHA256 {record_item(item, 'recorded by hand (--record-present)')}")
+        elif state == "present" and item.root is not None and not recorded(item):
+            if args.record_present:
+                print(f"  recorded SHA256 {record_item(item, 'recorded by hand (--record-present)')}")
+            else:  # runs refuse it until it is recorded: say so where the user looks
+                print("  not recorded in the manifest: runs refuse it; --record-present records it if you trust it")
     if "vbench" in args.only:
         packages = missing_packages(dims)
         if packages:

@@ -181,7 +181,7 @@ def test_makefile_lets_only_fetch_weights_reach_the_network(tmp_path):
     assert "offline=1 -m jensenkv.doctor" in out
 
 
-def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, monkeypatch):
+def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, monkeypatch, capsys):
     """The manifest beside the downloads records each file's SHA256; files copied in by hand are accepted only
     after --record-present."""
     from jensenkv.eval.checksums import MANIFEST_NAME
@@ -198,5 +198,8 @@ def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, 
     raft.parent.mkdir(parents=True)
     raft.write_bytes(b"copied by hand")
     assert "does not record it" in dimension_untrusted_reason("dynamic_degree")
+    assert fw.main(["--only", "vbench", "--vbench-dims", "dynamic_degree"]) == 0
+    assert "not recorded in the manifest: runs refuse it" in capsys.readouterr().out
+    assert dimension_untrusted_reason("dynamic_degree") is not None  # never recorded without being asked
     assert fw.main(["--only", "vbench", "--vbench-dims", "dynamic_degree", "--record-present"]) == 0
     assert dimension_untrusted_reason("dynamic_degree") is None
