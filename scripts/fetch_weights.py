@@ -270,7 +270,12 @@ def record_item(item: Item, source: str) -> str | None:
     """Record an evaluator file's SHA256 in its folder's manifest (jensenkv.eval.checksums); None for models."""
     from jensenkv.eval.checksums import record
 
-    return record(item.root, item.target, source) if item.root is not None and item.target.is_file() else None
+    if item.root is None or not item.target.is_file():
+        return None
+    if item.kind == "zip-dir":  # a code repository: every file of it (VBench imports its .py files)
+        for path in sorted(p for p in item.target.parent.rglob("*") if p.is_file() and p != item.target):
+            record(item.root, path, source)
+    return record(item.root, item.target, source)
 
 
 def recorded(item: Item) -> bool:
