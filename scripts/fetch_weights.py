@@ -270,7 +270,12 @@ def record_item(item: Item, source: str) -> str | None:
     """Record an evaluator file's SHA256 in its folder's manifest (jensenkv.eval.checksums); None for models."""
     from jensenkv.eval.checksums import record
 
-    return record(item.root, item.target, source) if item.root is not None and item.target.is_file() else None
+    if item.root is None or not item.target.is_file():
+        return None
+    if item.kind == "zip-dir":  # a code repository: every file of it (VBench imports its .py files)
+        for path in sorted(p for p in item.target.parent.rglob("*") if p.is_file() and p != item.target):
+            record(item.root, path, source)
+    return record(item.root, item.target, source)
 
 
 def recorded(item: Item) -> bool:
@@ -325,8 +330,11 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - report every failure, keep going
                 failed += 1
                 print(f"  failed: {type(e).__name__}: {e}", file=sys.stderr)
-        elif state == "present" and args.record_present and item.root is not None and not recorded(item):
-            print(f"  recorded SHA256 {record_item(item, 'recorded by hand (--record-present)')}")
+        elif state == "present" and item.root is not None and not recorded(item):
+            if args.record_present:
+                print(f"  recorded SHA256 {record_item(item, 'recorded by hand (--record-present)')}")
+            else:  # runs refuse it until it is recorded: say so where the user looks
+                print("  not recorded in the manifest: runs refuse it; --record-present records it if you trust it")
     if "vbench" in args.only:
         packages = missing_packages(dims)
         if packages:

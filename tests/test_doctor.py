@@ -27,8 +27,12 @@ def test_lpips_is_missing_with_the_exact_path_until_the_file_is_there(caches):
     path = caches / "torch" / "hub" / "checkpoints" / "squeezenet1_1-b8a52dc0.pth"
     assert not check.ready and check.files == [(path, False)]
     assert ("lpips", "lpips", None) in check.modules
-    _touch(path)
-    assert doctor.check_metric("lpips", "squeeze").ready
+    _touch(path)  # present, but not the file its name's hash (b8a52dc0) says: refused as the run would refuse it
+    check = doctor.check_metric("lpips", "squeeze")
+    assert check.files == [(path, True)] and not check.ready
+    assert check.notes == [f"{path} refused before loading (the loader unpickles it, which runs code): its SHA256 "
+                           "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 does not start with "
+                           "b8a52dc0, the hash in its name"]
 
 
 def test_subject_consistency_lists_vbench_and_torch_hub_paths(caches):
@@ -39,6 +43,12 @@ def test_subject_consistency_lists_vbench_and_torch_hub_paths(caches):
     assert "make fetch-weights" in check.fix()
     for path in expected:
         _touch(path)
+    problem = doctor.check_vbench_dimension("subject_consistency").problem()  # present but recorded nowhere
+    assert f"{expected[0]} refused before loading" in problem and "no jensenkv-weights-manifest.json" in problem
+    from jensenkv.eval.checksums import record
+
+    for path in expected:  # recorded, as `make fetch-weights` leaves them
+        record(caches, path, "test")
     assert doctor.check_vbench_dimension("subject_consistency").ready  # cv2 and the scorer import here
 
 

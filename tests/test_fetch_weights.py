@@ -181,7 +181,7 @@ def test_makefile_lets_only_fetch_weights_reach_the_network(tmp_path):
     assert "offline=1 -m jensenkv.doctor" in out
 
 
-def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, monkeypatch):
+def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, monkeypatch, capsys):
     """The manifest beside the downloads records each file's SHA256; files copied in by hand are accepted only
     after --record-present."""
     from jensenkv.eval.checksums import MANIFEST_NAME
@@ -190,13 +190,19 @@ def test_every_evaluator_file_fetched_is_recorded_and_then_accepted(fw, caches, 
     monkeypatch.setattr(torch.hub, "download_url_to_file", _fake_download([]))
     assert fw.main(["--only", "vbench", "--vbench-dims", "subject_consistency"]) == 0
     manifest = json.loads((caches / "vb" / MANIFEST_NAME).read_text())["files"]
-    assert sorted(manifest) == sorted(DIMENSION_FILES["subject_consistency"])
+    dino_code = "dino_model/facebookresearch_dino_main/vision_transformer.py"  # the repo's code, imported by hub
+    assert sorted(manifest) == sorted([*DIMENSION_FILES["subject_consistency"], dino_code])
     hub = json.loads((caches / "torch" / "hub" / "checkpoints" / MANIFEST_NAME).read_text())["files"]
     assert hub["dino_vitbase16_pretrain.pth"]["source"] == fw.DINO_URL
     assert dimension_untrusted_reason("subject_consistency") is None
+    (caches / "vb" / dino_code).write_text("import os  # changed after the download\n")
+    assert dimension_untrusted_reason("subject_consistency").startswith(f"{caches / 'vb' / dino_code} refused")
     raft = caches / "vb" / DIMENSION_FILES["dynamic_degree"][0]
     raft.parent.mkdir(parents=True)
     raft.write_bytes(b"copied by hand")
     assert "does not record it" in dimension_untrusted_reason("dynamic_degree")
+    assert fw.main(["--only", "vbench", "--vbench-dims", "dynamic_degree"]) == 0
+    assert "not recorded in the manifest: runs refuse it" in capsys.readouterr().out
+    assert dimension_untrusted_reason("dynamic_degree") is not None  # never recorded without being asked
     assert fw.main(["--only", "vbench", "--vbench-dims", "dynamic_degree", "--record-present"]) == 0
     assert dimension_untrusted_reason("dynamic_degree") is None

@@ -7,9 +7,10 @@
 
 For each model config (configs/model/*.yaml) and each metric / VBench dimension it prints ready or
 missing, every file it looks for with the exact path (present or missing), and the Python modules the
-code imports with whether they import; the last line counts what is ready. It is a report: it exits 0 unless
-``--strict`` (then 1 when anything is missing, for scripts). Nothing is downloaded: the paths are the ones the consuming code
-reads (eval.vbench, eval.fidelity, the model loaders), and ``make fetch-weights`` fills exactly these.
+code imports with whether they import; the last lines count what is ready and say what missing means. It is a
+report: it exits 0 unless ``--strict`` (then 1 when anything is missing, for scripts). Nothing is downloaded: the
+paths are the ones the consuming code reads (eval.vbench, eval.fidelity, the model loaders), and
+``make fetch-weights`` fills exactly these.
 
 The checks themselves are the families' (``jensenkv.models``: files and packages of each model) and the
 evaluators' (``jensenkv.eval.readiness``); a run's pre-flight (``jensenkv.run.spec``) reads the same ones.

@@ -106,7 +106,8 @@ def untrusted_reason(path: Path) -> str | None:
         return None if sha.startswith(prefix) else (f"{refused}: its SHA256 {sha} does not start with {prefix}, "
                                                     "the hash in its name")
     manifest = find_manifest(path)
-    hint = "`make fetch-weights` downloads and records it"
+    hint = ("`make fetch-weights` downloads and records it; `python scripts/fetch_weights.py --record-present` "
+            "records a file already in place that you trust")
     if manifest is None:
         return f"{refused}: it has no published checksum and no {MANIFEST_NAME} above it records it ({hint})"
     try:

@@ -1,5 +1,6 @@
 """Which metrics and VBench dimensions can be computed here: the packages each one's code imports and the
-weight files it reads (the paths ``eval.fidelity`` and ``eval.vbench`` use, which ``make fetch-weights`` fills)."""
+weight files it reads (the paths ``eval.fidelity`` and ``eval.vbench`` use, which ``make fetch-weights`` fills),
+and whether those files pass their checksum (``eval.checksums``), as the run will check them."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ def check_metric(metric: str, lpips_net: str = "alex", limits: Mapping[str, str]
 
         path = lpips_backbone_path(lpips_net)
         check.files.append((path, path.is_file()))
+        check.notes += untrusted_notes([path])
     if limits and metric in limits:
         check.notes.append(limits[metric])
     return check
@@ -45,7 +47,16 @@ def check_vbench_dimension(dimension: str) -> Check:
     if import_error("vbench") is None:
         check.modules += module_checks([(f"vbench.{dimension}", "vbench==0.1.5")])
     check.files = [(path, path.exists()) for path in dimension_weight_paths(dimension)]
+    check.notes += untrusted_notes([path for path, present in check.files if present])
     return check
+
+
+def untrusted_notes(paths: Sequence) -> list[str]:
+    """The refusal line of each present file a loader would unpickle that fails its checksum
+    (``jensenkv.eval.checksums``): what the run would record as the metric's reason."""
+    from jensenkv.eval.checksums import untrusted_reason
+
+    return [reason for path in paths if path.is_file() and (reason := untrusted_reason(path)) is not None]
 
 
 def metric_checks(metrics: Sequence[str], vbench_dimensions: Sequence[str] = (), lpips_net: str = "alex",

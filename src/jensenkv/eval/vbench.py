@@ -41,6 +41,9 @@ DIMENSION_FILES: dict[str, tuple[str, ...]] = {
 # DINO's hubconf.dino_vitb16 calls torch.hub.load_state_dict_from_url(<dl.fbaipublicfiles.com URL>), whose
 # file name is the URL's last part; VBench's own dino_model/ copy only stops its wget.
 TORCH_HUB_FILES: dict[str, tuple[str, ...]] = {"subject_consistency": ("dino_vitbase16_pretrain.pth",)}
+# Downloaded Python code a dimension imports (DINO's GitHub repo, through torch.hub.load(source="local")): every
+# .py file in these folders is checked like a weight file before VBench runs.
+DIMENSION_CODE_DIRS: dict[str, tuple[str, ...]] = {"subject_consistency": ("dino_model/facebookresearch_dino_main",)}
 # Third-party modules each scorer imports beyond the suite's own dependencies: (module, pip requirement).
 # `make setup` installs them for DEFAULT_DIMENSIONS; human_action's UMT code also imports
 # numpy.lib.function_base, which numpy 2 removed, so it needs a numpy<2 environment of its own.
@@ -119,11 +122,14 @@ def dimension_missing_reason(dimension: str, cache_dir: Path | None = None) -> s
 
 
 def dimension_untrusted_reason(dimension: str, cache_dir: Path | None = None) -> str | None:
-    """Why a dimension's weight files must not be loaded (None when each matches its published SHA256, the hash
-    in its name or the manifest `make fetch-weights` wrote); call it once the files are known to be present."""
+    """Why a dimension's weight files (and downloaded code) must not be loaded (None when each matches its
+    published SHA256, the hash in its name or the manifest `make fetch-weights` wrote); call it once the files
+    are known to be present."""
     from jensenkv.eval.checksums import untrusted_reason
 
-    for path in dimension_weight_paths(dimension, cache_dir):
+    cache_dir = cache_dir if cache_dir is not None else vbench_cache_dir()
+    code = [p for folder in DIMENSION_CODE_DIRS.get(dimension, ()) for p in sorted((cache_dir / folder).rglob("*.py"))]
+    for path in [*dimension_weight_paths(dimension, cache_dir), *code]:
         reason = untrusted_reason(path) if path.is_file() else None
         if reason is not None:
             return reason
