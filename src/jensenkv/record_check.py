@@ -135,7 +135,7 @@ def _check_videos(identity: dict, videos: list[dict], damaged: Callable[[str], D
         raise damaged(f"per_prompt holds a video its run id does not ask for: {p!r} seed {s}")
 
 
-def _has(metric: str, *holders: Mapping[str, Any]) -> bool:
+def has_metric(metric: str, *holders: Mapping[str, Any]) -> bool:
     """Whether any of the mappings has a key of ``metric``: its name, its key, or one of its parts
     (``<metric>_*``: VBench's dimensions, teacher-forced PSNR)."""
     key = METRIC_KEYS.get(metric, metric)
@@ -153,10 +153,10 @@ def _check_requested(record: dict, identity: dict, videos: list[dict],
         return
     reasons = record.get("missing", {})
     for metric in requested:
-        if not _has(metric, record["metrics"], reasons):
+        if not has_metric(metric, record["metrics"], reasons):
             raise damaged(f"metrics has no {metric} value and missing no reason for it")
         for i, video in enumerate(videos):
-            if not _has(metric, video["metrics"], video.get("missing", {}), reasons):
+            if not has_metric(metric, video["metrics"], video.get("missing", {}), reasons):
                 raise damaged(f"per_prompt[{i}] ({video['prompt']!r} seed {video['seed']}) has no {metric} value "
                               "and no reason it is missing")
 
@@ -248,7 +248,7 @@ def _utf8(data: bytes) -> bool:
 def _check_probe_rows(frame: pd.DataFrame, record: dict, listed: dict,
                       damaged: Callable[[str], DamagedRunError]) -> None:
     """The rows the record lists, and the same number of probes for every probed video."""
-    probed = {(v.get("index"), v["seed"]) for v in record["per_prompt"] if _has("attention", v["metrics"])}
+    probed = {(v.get("index"), v["seed"]) for v in record["per_prompt"] if has_metric("attention", v["metrics"])}
     held = {tuple(int(x) for x in key) for key in frame[list(PROBE_VIDEO)].drop_duplicates().itertuples(index=False)}
     lost = sorted(probed - held)
     if lost:
