@@ -17,13 +17,13 @@ BF16_REASON = "BF16 run: it is its own reference"
 def explain_missing(record: dict) -> dict:
     """``record`` as the runner writes it: every metric its identity asks for that a video or the run lacks
     gets a reason (a BF16 run is its own reference), so the store reads as sound (jensenkv.record_check)."""
-    from jensenkv.record_check import _has
+    from jensenkv.record_check import has_metric
 
     reason = BF16_REASON if record["labels"]["method"] == "none" else "not computed in this synthetic store"
     for holder in (record, *record["per_prompt"]):
         holder["missing"] = dict(holder.get("missing") or {})
         for metric in record["identity"].get("metrics", []):
-            if not _has(metric, holder["metrics"], holder["missing"], record.get("missing", {})):
+            if not has_metric(metric, holder["metrics"], holder["missing"], record.get("missing", {})):
                 holder["missing"][metric] = reason
     return record
 

@@ -16,6 +16,7 @@ from jensenkv.record_check import DamagedStoreError
 from jensenkv.report.table1 import build_table1
 from jensenkv.report.table1 import main as table1_main
 from jensenkv.run import run_overrides
+from jensenkv.run.summary import plan_runs
 from jensenkv.tracking import ResultsStore, load_attention, load_results
 from pipeline_testkit import fast_overrides
 
@@ -126,9 +127,28 @@ def test_the_store_lists_every_damaged_run_and_a_sound_one_is_not_redone(store, 
     lines = str(info.value).splitlines()
     assert [line.split()[2] for line in lines[:-1]] == [run.name for run in runs]  # one line per run
     assert "rerun" in lines[-1] and "nothing was deleted" in lines[-1]
+    (planned,) = plan_runs(_overrides(root, store["weights"], DAMAGED))
+    assert not planned.finished_before  # the sweep summary counts it as redone, not "already finished"
 
     shutil.rmtree(root)
     shutil.copytree(store["root"], root)
     caplog.set_level(logging.INFO, logger="jensenkv.run")
+    assert plan_runs(_overrides(root, store["weights"], DAMAGED))[0].finished_before
     run_overrides(_overrides(root, store["weights"], DAMAGED))
     assert "already finished" in caplog.text and "damaged run" not in caplog.text
+
+
+def test_a_damaged_per_video_result_is_made_again(store, tmp_path, caplog):
+    """The rerun of a damaged run resumes from its per-video results: a garbled one is named and its video made
+    again, never a traceback."""
+    root = tmp_path / "results"
+    shutil.copytree(store["root"], root)
+    run_id = store["record"]["run_id"]
+    _edit_record(lambda r: r["per_prompt"].pop())(ResultsStore(root).record_path(run_id))
+    garbled = ResultsStore(root).prompt_result_path(run_id, 1)
+    garbled.write_text('{"index": 1, "metrics": {')
+    caplog.set_level(logging.INFO, logger="jensenkv.run")
+    record = run_overrides(_overrides(root, store["weights"], DAMAGED))
+    assert f"damaged run {run_id}" in caplog.text and str(garbled) in caplog.text
+    assert ResultsStore(root).damage(run_id) is None and len(record["per_prompt"]) == 2
+    assert record["per_prompt"][1]["metrics"] == pytest.approx(store["record"]["per_prompt"][1]["metrics"], rel=1e-3)

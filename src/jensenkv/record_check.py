@@ -24,7 +24,7 @@ from jensenkv.hashing import config_hash
 ATTENTION_FILE = "attention.csv"
 LABEL_FIELDS = ("model", "quantizer", "method", "bits", "correction")  # what the tables select runs by
 INTEGER_LABELS = {"bits": False, "group_size": True, "sink_chunks": True, "window_chunks": True}  # -> nullable
-METRIC_KEYS = {"attention": "delta_p_s", "teacher_forced": "tf"}  # a requested metric -> the prefix of its keys
+METRIC_KEYS = {"attention": "delta_p_s_mean", "teacher_forced": "tf_rel_err"}  # a metric's key, where not its name
 PROBE_VIDEO = ("prompt_index", "seed")  # the video of a probe row (prompt_index: the video's index in per_prompt)
 PROBE_COLUMNS = (*PROBE_VIDEO, "layer", "step", "chunk", "branch", "p_s", "p_s_ref", "delta_p_s")
 TEXT_COLUMNS = ("branch",)  # every other probe column holds numbers
@@ -54,8 +54,7 @@ class DamagedStoreError(CorruptRecordError):
                                     "deleted)"]))
 
 
-def _number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+NUMBER_TYPES = (int, float, type(None))  # a stored metric (null: not a number); a bool or a string is not one
 
 
 def check_record(run_id: str, record: Any, path: str | Path) -> dict:
@@ -109,14 +108,14 @@ def _check_values(holder: dict, where: str, damaged: Callable[[str], DamagedRunE
     metrics, missing = holder.get("metrics"), holder.get("missing", {})
     if not isinstance(metrics, dict):
         raise damaged(f"no {where}metrics" if metrics is None else f"{where}metrics is not a mapping")
-    for key, value in metrics.items():
-        if not _number(value):
-            raise damaged(f"{where}metrics.{key} = {value!r} is not a number")
+    bad = next((k for k, v in metrics.items() if type(v) not in NUMBER_TYPES), None)  # exact types: fast
+    if bad is not None:
+        raise damaged(f"{where}metrics.{bad} = {metrics[bad]!r} is not a number")
     if not isinstance(missing, dict):
         raise damaged(f"{where}missing is not a mapping")
-    for key, reason in missing.items():
-        if not isinstance(reason, str):
-            raise damaged(f"{where}missing.{key} = {reason!r} is not a reason")
+    bad = next((k for k, v in missing.items() if type(v) is not str), None)
+    if bad is not None:
+        raise damaged(f"{where}missing.{bad} = {missing[bad]!r} is not a reason")
 
 
 def _check_videos(identity: dict, videos: list[dict], damaged: Callable[[str], DamagedRunError]) -> None:
@@ -136,10 +135,14 @@ def _check_videos(identity: dict, videos: list[dict], damaged: Callable[[str], D
         raise damaged(f"per_prompt holds a video its run id does not ask for: {p!r} seed {s}")
 
 
-def _has(metric: str, *holders: Mapping[str, Any]) -> bool:
-    """Whether any of the mappings has a key of ``metric`` (its name, or its keys' prefix)."""
-    prefix = METRIC_KEYS.get(metric, metric)
-    return any(k == metric or k == prefix or k.startswith(prefix + "_") for h in holders for k in h)
+def has_metric(metric: str, *holders: Mapping[str, Any]) -> bool:
+    """Whether any of the mappings has a key of ``metric``: its name, its key, or one of its parts
+    (``<metric>_*``: VBench's dimensions, teacher-forced PSNR)."""
+    key = METRIC_KEYS.get(metric, metric)
+    if any(metric in h or key in h for h in holders):
+        return True
+    parts = (metric + "_", key.split("_")[0] + "_")
+    return any(k.startswith(parts) for h in holders for k in h)
 
 
 def _check_requested(record: dict, identity: dict, videos: list[dict],
@@ -150,10 +153,10 @@ def _check_requested(record: dict, identity: dict, videos: list[dict],
         return
     reasons = record.get("missing", {})
     for metric in requested:
-        if not _has(metric, record["metrics"], reasons):
+        if not has_metric(metric, record["metrics"], reasons):
             raise damaged(f"metrics has no {metric} value and missing no reason for it")
         for i, video in enumerate(videos):
-            if not _has(metric, video["metrics"], video.get("missing", {}), reasons):
+            if not has_metric(metric, video["metrics"], video.get("missing", {}), reasons):
                 raise damaged(f"per_prompt[{i}] ({video['prompt']!r} seed {video['seed']}) has no {metric} value "
                               "and no reason it is missing")
 
@@ -207,22 +210,21 @@ def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | N
 
 def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError]) -> pd.DataFrame:
     """The bytes of a probe table as a DataFrame: text, CSV, the probe columns, rows, numbers."""
-    if not data.strip():
+    if not data or data.isspace():
         raise damaged("empty: no header and no rows")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise damaged("not text: binary data where a CSV table belongs") from None
-    try:
-        frame = pd.read_csv(io.StringIO(text))
-    except (pd.errors.ParserError, ValueError) as e:
+        frame = pd.read_csv(io.BytesIO(data), encoding="utf-8")
+    except (pd.errors.ParserError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        if isinstance(e, UnicodeDecodeError) or b"\0" in data or not _utf8(data):
+            raise damaged("not text: binary data where a CSV table belongs") from None
         raise damaged(f"not a CSV table ({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
     lacking = [c for c in PROBE_COLUMNS if c not in frame.columns]
     if lacking:
-        raise damaged(f"its header lacks the columns {', '.join(lacking)} (header: {text.splitlines()[0][:60]!r})")
+        header = data[:min(data.find(b"\n") % (len(data) + 1), 60)].decode("utf-8", "replace")
+        raise damaged(f"its header lacks the columns {', '.join(lacking)} (header: {header!r})")
     if frame.empty:
         raise damaged("header only, no rows")
-    if not text.endswith("\n"):
+    if not data.endswith(b"\n"):
         raise damaged(f"truncated: its last row (line {len(frame) + 1}) is cut off")
     for column in frame.columns:
         if column in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(frame[column]):
@@ -235,10 +237,18 @@ def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError]) -> pd.D
     return frame
 
 
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _check_probe_rows(frame: pd.DataFrame, record: dict, listed: dict,
                       damaged: Callable[[str], DamagedRunError]) -> None:
     """The rows the record lists, and the same number of probes for every probed video."""
-    probed = {(v.get("index"), v["seed"]) for v in record["per_prompt"] if _has("attention", v["metrics"])}
+    probed = {(v.get("index"), v["seed"]) for v in record["per_prompt"] if has_metric("attention", v["metrics"])}
     held = {tuple(int(x) for x in key) for key in frame[list(PROBE_VIDEO)].drop_duplicates().itertuples(index=False)}
     lost = sorted(probed - held)
     if lost:

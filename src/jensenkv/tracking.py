@@ -12,6 +12,9 @@ Layout under the results directory (``paths.results_dir``, default ``results/``)
     refs/<ref_id>.pt                 BF16 reference videos, shared by every run of the same model/prompt/seed
     wandb/                           offline W&B runs (``wandb sync results/wandb/wandb/offline-run-*``)
 
+A record is checked against its run id whenever it is read (``jensenkv.record_check``): a damaged one counts as
+unfinished, so the rerun regenerates it, and stops load_results with one line naming it.
+
 Every file is written to a temporary file in the same directory and moved into place with
 ``os.replace``, so a crash never leaves a half-written record behind; what a killed writer leaves is removed
 by the next process that takes the run's lock, or by the next run of it once no live writer can own it

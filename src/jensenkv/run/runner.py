@@ -398,7 +398,7 @@ class Runner:
         start = time.perf_counter()
         pairs = [(p, s) for p in self.spec.prompts for s in self.spec.eval.seeds]
         jobs = [(index, prompt, seed) for index, (prompt, seed) in enumerate(pairs)]
-        todo = [job for job in jobs if not self.store.prompt_result_path(self.run_id, job[0]).exists()]
+        todo = [job for job in jobs if not self.prompt_done(*job)]
         if todo and self.spec.generation.batch_size == "auto" and torch.device(self.spec.model.device).type == "cuda":
             self.adapter  # noqa: B018 - load the weights first: auto divides the memory left free after them
         size = family(self.spec.model.kind).batch_size(self.spec, len(todo))
@@ -413,6 +413,26 @@ class Runner:
         self.store.error_path(self.run_id).unlink(missing_ok=True)
         self.store.clean_run_tmp(self.run_id)
         return self.store.read_record(self.run_id)  # exactly what a later rerun returns
+
+    def prompt_done(self, index: int, prompt: str, seed: int) -> bool:
+        """Whether video ``index`` has a sound per-video result to resume from; a damaged one is named and
+        made again."""
+        from jensenkv.tracking import CorruptRecordError, read_json
+
+        path = self.store.prompt_result_path(self.run_id, index)
+        if not path.exists():
+            return False
+        try:
+            result = read_json(path)
+        except CorruptRecordError as e:
+            log.warning("%s: regenerating that video", e)
+            return False
+        if not isinstance(result, dict) or (result.get("prompt"), result.get("seed")) != (prompt, seed) or \
+                not isinstance(result.get("metrics"), dict) or not isinstance(result.get("missing"), dict):
+            log.warning("per-video result %s does not hold video %d (%r seed %d): regenerating it", path, index,
+                        prompt, seed)
+            return False
+        return True
 
     def note_failure(self, error: BaseException) -> None:
         """Keep the failure next to the run (best effort: the disk may be what failed)."""
