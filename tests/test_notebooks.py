@@ -45,32 +45,34 @@ def _figures(outputs: list[dict]) -> tuple[list[str], list[str]]:
     return titles, runs
 
 
-@pytest.mark.parametrize("name, model", [("attention_mass.ipynb", None), ("tradeoff.ipynb", None),
-                                         ("tradeoff.ipynb", OTHER_MODEL)])
-def test_each_figure_shows_one_model_named_in_its_title(name, model, two_models, monkeypatch):
+@pytest.mark.parametrize("name", ["attention_mass.ipynb", "tradeoff.ipynb"])
+def test_each_figure_shows_one_model_named_in_its_title(name, two_models, monkeypatch):
     results, copies = two_models
-    outputs = _execute(name, results, monkeypatch, model)
+    outputs = _execute(name, results, monkeypatch)
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert [o for o in outputs if "image/png" in o.get("data", {})], f"{name} drew nothing"
     text = "".join(o.get("text", "") for o in outputs)
     assert f"finished runs under {results.resolve()}" in text  # it read the fixture, not the repo's results/
-    shown = model or BUILT_IN_MODEL  # MODEL = None: the built-in model, although the other sorts first
-    assert f"models in the store: {sorted([OTHER_MODEL, BUILT_IN_MODEL])}; showing {shown!r}" in text
+    # MODEL = None: the built-in model, although the other sorts first
+    assert f"models in the store: {sorted([OTHER_MODEL, BUILT_IN_MODEL])}; showing {BUILT_IN_MODEL!r}" in text
     titles, runs = _figures(outputs)
-    assert titles and all(t.startswith(f"{shown}: ") for t in titles), titles
-    assert runs and all((r in copies) == (shown == OTHER_MODEL) for r in runs), runs  # no run of the other model
+    assert titles and all(t.startswith(f"{BUILT_IN_MODEL}: ") for t in titles), titles
+    assert runs and not [r for r in runs if r in copies], runs  # no run of the other model
 
 
-def test_diagnostics_figures_show_one_model(tmp_path, monkeypatch):
-    """On test_claims' synthetic store (probes with the error-model diagnostics), once per model."""
+def test_the_model_parameter_shows_the_other_model(tmp_path, monkeypatch):
+    """diagnostics.ipynb with MODEL set, on test_claims' synthetic store (probes with the error-model
+    diagnostics) written once per model."""
     from test_claims import build_store
 
     for name in (OTHER_MODEL, BUILT_IN_MODEL):
         build_store(tmp_path / "results", model=name)  # its run ids start with the model's name
-    outputs = _execute("diagnostics.ipynb", tmp_path / "results", monkeypatch)
+    outputs = _execute("diagnostics.ipynb", tmp_path / "results", monkeypatch, model=OTHER_MODEL)
+    text = "".join(o.get("text", "") for o in outputs)
+    assert f"showing {OTHER_MODEL!r}" in text
     titles, runs = _figures(outputs)
-    assert len(titles) == 2 and all(t.startswith(f"{BUILT_IN_MODEL}: ") for t in titles), titles
-    assert runs and all(r.startswith(f"{BUILT_IN_MODEL}-") for r in runs), runs
+    assert len(titles) == 2 and all(t.startswith(f"{OTHER_MODEL}: ") for t in titles), titles
+    assert runs and all(r.startswith(f"{OTHER_MODEL}-") for r in runs), runs
 
 
 @pytest.mark.parametrize("name", ["attention_mass.ipynb", "tradeoff.ipynb"])

@@ -216,15 +216,7 @@ def write_figures(results_dir: str | Path = "results", out_dir: str | Path | Non
         written["tradeoff"] = "skipped: no RTN runs with PSNR (run experiment=tradeoff)"
     else:
         save("tradeoff", plot_tradeoff(tradeoff, "psnr", f"{model}: memory-quality trade-off (RTN)"))
-    at_bits = rtn[(rtn["bits"] == bits) & (rtn["group_size"] == group_size)] if not rtn.empty else rtn
-    chosen = latest(at_bits, ("correction",)).set_index("correction")["run_id"] if not at_bits.empty else {}
-    frames = {}
-    for correction in [c for c in CORRECTION_STYLE if c in chosen]:  # in the legend's order
-        try:
-            label = f"INT{bits} RTN" + ("" if correction == "none" else f" + {correction}")
-            frames[label] = load_attention(results_dir, chosen[correction])
-        except FileNotFoundError:
-            continue
+    frames = attention_frames(results_dir, rtn, bits, group_size)
     if frames:
         save("attention_mass", plot_attention_mass(frames))
     else:

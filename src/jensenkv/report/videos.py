@@ -7,7 +7,7 @@ run per row, replicate and variant) that has both an uncorrected and a corrected
 (``.png``) beside it. The quantized and corrected videos are the two runs' videos of one replicate (the
 first in Table 1's order), prompt and seed (the first seed); the BF16 video is the reference both were
 scored against (``refs/<reference_id>.pt``). Each panel is enlarged by an integer factor, nearest neighbour
-(``jensenkv.video_files``).
+(``jensenkv.eval.video_files``).
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jensenkv.checks import fail
+from jensenkv.eval.video_files import UPSCALED_DIR, load_mp4, mp4_fps, save_mp4, upscale
 from jensenkv.report.model_choice import choose_model
 from jensenkv.report.options import load_options
 from jensenkv.tracking import ResultsStore, atomic_write, load_results
-from jensenkv.video_files import UPSCALED_DIR, load_mp4, mp4_fps, save_mp4, upscale
 
 STRIP_DIR = "videos"  # under the results directory: <results>/videos/<model>/<setting>/<prompt>.mp4
 GAP = 8  # pixels between two panels of a strip (even: the encoder's yuv420p needs even sides)
