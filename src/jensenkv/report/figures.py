@@ -48,14 +48,16 @@ def plot_tradeoff(runs: pd.DataFrame, metric: str = "psnr", title: str | None = 
             series = series.sort_values("effective_bits")
             ax.plot(series["effective_bits"], series[metric], color=color, marker=marker,
                     label=label if bits == group["bits"].min() else None, linestyle="-" if bits <= 2 else "--")
-    # one "INTb gG" label per setting, at its best point; neighbours of one bit width (g128 / g64 lie close
+    # one "INTb gG" label per setting; neighbours of one bit width (g128 / g64 lie close
     # together) alternate below / above their point so that no two labels overlap
-    settings = data.groupby(["bits", "group_size"], sort=True).agg(x=("effective_bits", "mean"), y=(metric, "max"))
+    settings = data.groupby(["bits", "group_size"], sort=True).agg(x=("effective_bits", "mean"), low=(metric, "min"),
+                                                                    high=(metric, "max"))
     for bits, part in settings.groupby(level="bits"):
         for i, ((_, group_size), point) in enumerate(part.sort_values("x").iterrows()):
-            below = i % 2 == 0
-            ax.annotate(f"INT{int(bits)} g{int(group_size)}", (point["x"], point["y"]), textcoords="offset points",
-                        xytext=(0, -14 if below else 8), ha="center", fontsize=7, color="dimgray")
+            below = i % 2 == 0  # under the lowest series, or over the highest: clear of every marker
+            ax.annotate(f"INT{int(bits)} g{int(group_size)}", (point["x"], point["low" if below else "high"]),
+                        textcoords="offset points", xytext=(0, -14 if below else 8), ha="center", fontsize=7,
+                        color="dimgray")
     ax.margins(x=0.08, y=0.15)  # room for the labels at the ends
     ax.set_xlabel("effective bits per cached element (K and V, incl. metadata)")
     ax.set_ylabel(metric.upper() if metric in ("psnr", "ssim", "lpips") else metric)
