@@ -240,15 +240,28 @@ def test_claim_3_hint_composes_to_the_missing_run(tmp_path):
     from jensenkv.report.hints import fill_overrides, twin_identity
     from jensenkv.run import preset
 
-    spec = preset("experiment=table1", "quant=rtn_smooth", "correction=taylor")
-    record = {"run_id": spec.run_id, "experiment_name": spec.experiment_name, "identity": spec.identity(),
-              "labels": spec.labels(), "metrics": {}, "missing": {}, "per_prompt": [],
-              "created_at": "2026-12-01T00:00:00+00:00"}
-    ResultsStore(tmp_path).write_record(record)
+    def write(*overrides: str):  # a record as the runner writes it, per-video PSNR over the identity's videos
+        spec = preset("experiment=table1", "quant=rtn_smooth", *overrides)
+        identity = spec.identity()
+        videos = [{"index": i, "prompt": p, "seed": s, "metrics": {"psnr": 30.0 + i % 5}, "missing": {}}
+                  for i, (p, s) in enumerate((p, s) for p in identity["prompts"] for s in identity["seeds"])]
+        ResultsStore(tmp_path).write_record({
+            "run_id": spec.run_id, "experiment_name": spec.experiment_name, "identity": identity,
+            "labels": spec.labels(), "metrics": {"psnr": 32.0, "effective_bits": 2.75}, "missing": {},
+            "per_prompt": videos, "created_at": "2026-12-01T00:00:00+00:00"})
+        return spec
+
+    write("correction=none")
+    spec = write("correction=taylor")
     overrides = fill_overrides(tmp_path, spec.run_id, 4)
     assert overrides is not None and overrides[0] == "experiment=table1"
     missing = config_hash(twin_identity(spec.identity(), 4, "none"))  # the uncorrected INT4 twin's run id
     assert preset(*overrides).run_id == missing != spec.run_id
+    from jensenkv.report.options import load_options
+
+    (opts,) = load_options(tmp_path).values()
+    printed = " ".join(claims.claim_memory(opts, 2, 4, "taylor")[0].missing)
+    assert "`python -m jensenkv.run -m " + " ".join(overrides) + "`" in printed  # what claims.md says to run
 
 
 # --- figures: one model, named; sizes from the runs; labels apart -----------------------------------------

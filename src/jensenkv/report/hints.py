@@ -34,6 +34,7 @@ def _quant_presets() -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / "quant").glob("*.yaml"))
 
 
+@lru_cache(maxsize=64)
 def _preset_settings(name: str) -> dict:
     """The fields a quant preset's YAML sets, its parents' (``defaults``) first."""
     from omegaconf import OmegaConf
@@ -45,7 +46,7 @@ def _preset_settings(name: str) -> dict:
     for parent in conf.pop("defaults", None) or []:
         if isinstance(parent, str) and parent != "_self_":
             out.update(_preset_settings(parent))
-    return {**out, **conf}
+    return {**out, **conf}  # callers only read it
 
 
 def candidate_presets(key: dict) -> list[str]:
