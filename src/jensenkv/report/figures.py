@@ -322,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     for name, where in written.items():
-        print(f"{name}: {where}")
+        if name != "partial":
+            print(f"{name}: {where}")
     if "partial" in written:
         raise SystemExit(f"{written['partial']}: written under {Path(args.out or args.results) / PARTIAL}, the "
                          "committed figures are unchanged; run `make reproduce-table1` (or pass --allow-incomplete)")
