@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean \
-	notebooks \
+	notebooks samples \
 	gpu-wheels gpu-check gpu-check-dry-run memory-headline
 
 help: ## list the targets
@@ -48,7 +48,7 @@ test: setup ## run the test suite (fast tests; CI runs this; about 8-9 min on a 
 test-full: setup ## run every test, slow ones included
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-30 min on 2 cores)
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-30 min on 2 cores; reports read $$JENSENKV_RESULTS, else results)
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
 	# beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
 	# and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
@@ -61,6 +61,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	# noise floor of harmless changes (results/noise_floor.csv)
 	$(PY) -m jensenkv.run -m experiment=teacher_forced hydra/launcher=local_parallel
 	$(PY) -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 "eval.seeds=[0]"
+	$(PY) scripts/sample_frames.py
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 	$(PY) -m jensenkv.report.videos --figure results/figures/video_strip.png  # BF16 | quantized | corrected -> results/videos/
@@ -96,12 +97,15 @@ gpu-check: ## on a CUDA machine: install .whl/ into GPU_SITE, run the GPU checks
 gpu-check-dry-run: setup ## the GPU checks' plumbing on this CPU (TRITON_INTERPRET=1, toy sizes) -> outputs/gpu_check_dry_run/
 	$(PY) scripts/gpu_check.py --dry-run
 
-figures: setup ## figures from results/runs -> results/figures/ (tradeoff, attention mass, Jensen bias)
+figures: setup ## figures from the store -> results/figures/ (tradeoff, attention mass, Jensen bias, diagnostics); an incomplete store's -> results/partial/figures/
 	$(PY) -m jensenkv.report.figures
 
 notebooks: setup ## open notebooks/ in JupyterLab (installs jupyterlab into .venv on first use)
 	test -x $(VENV)/bin/jupyter-lab || $(PY) -m pip install -q jupyterlab
 	$(VENV)/bin/jupyter-lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)  # Jupyter refuses root unless told
+
+samples: setup ## sample frames BF16 | INT2 | INT2 + Taylor of the built-in model -> results/figures/samples_int2.png (about 30 s of CPU)
+	$(PY) scripts/sample_frames.py
 
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
 	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py  # the one target that may reach the Hub

@@ -281,7 +281,8 @@ def test_claim_3_averages_rotation_seeds_per_video(tmp_path):
 # --- missing data ----------------------------------------------------------------------------------------
 def test_missing_diagnostics_and_int4_are_reported(tmp_path):
     root = build_store(tmp_path / "results", int4=False, diagnostics=False)
-    path, (rep,) = write_claims(root)
+    path, (rep,), why = write_claims(root)
+    assert path.parent.name == "partial" and "claims is incomplete, missing:" in why
     text = path.read_text()
     assert "no uncorrected INT2 run of synthetic-video-model recorded the error-model diagnostics" in text
     assert "attention.diagnostics=true" in text
@@ -291,18 +292,18 @@ def test_missing_diagnostics_and_int4_are_reported(tmp_path):
 
 def test_empty_store_and_unknown_model_fail_clearly(tmp_path, store):
     with pytest.raises(SystemExit, match="no finished runs under"):
-        main(["--results-dir", str(tmp_path / "nothing")])
+        main(["--results", str(tmp_path / "nothing")])
     with pytest.raises(SystemExit, match="--model='other' is not allowed: the store has runs of"):
-        main(["--results-dir", str(store), "--model", "other"])
+        main(["--results", str(store), "--model", "other"])
 
 
 def test_each_model_has_its_own_section_and_model_filters(tmp_path):
     root = build_store(tmp_path / "results")
     build_store(root, model="second-model")
     assert [r.model for r in build_report(root)] == ["second-model", MODEL]
-    out = tmp_path / "claims.md"
-    main(["--results-dir", str(root), "--model", "second-model", "--out", str(out)])
-    text = out.read_text()
+    with pytest.raises(SystemExit, match="claims is incomplete"):  # a synthetic store: no noise floor, ...
+        main(["--results-dir", str(root), "--model", "second-model", "--out", str(tmp_path)])  # the old spelling
+    text = (tmp_path / "partial" / "claims.md").read_text()
     assert "## second-model" in text and f"## {MODEL}" not in text
 
 

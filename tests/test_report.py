@@ -80,9 +80,13 @@ def test_markdown_and_latex_follow_the_paper_layout(written):
 
 def test_figures_are_written(written):
     out, paths = written
+    # the store holds Table 1 but not experiment=tradeoff's grid: the complete tables go to out, the figures
+    # (which describe the trade-off too) to out/partial/figures, with the one-line why
+    assert Path(paths["csv"]).parent == out and "figures is incomplete, missing: " in paths["partial"]
+    assert "(experiment=tradeoff)" in (out / "partial" / "figures.why.txt").read_text()
     for name in ("jensen_bias", "tradeoff", "attention_mass"):
         path = Path(paths[name])
-        assert path.parent == out / "figures" and path.stat().st_size > 10_000
+        assert path.parent == out / "partial" / "figures" and path.stat().st_size > 10_000
 
 
 def test_paper_table_cells_are_none_then_corrected():

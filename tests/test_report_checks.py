@@ -106,7 +106,7 @@ def test_teacher_forced_runs_are_tabulated_per_row_with_chunks(store, tmp_path):
 def test_the_claims_report_carries_the_checks(store):
     from jensenkv.report.claims import write_claims
 
-    path, _ = write_claims(store, store / "claims.md")
+    path, _, _ = write_claims(store, store)
     text = path.read_text()
     for heading in ("## Noise floor", "### Effects against the noise floor", "## Teacher-forced fidelity",
                     "## What the calibrated strengths cost"):

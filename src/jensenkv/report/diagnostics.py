@@ -114,7 +114,7 @@ TERMS = (("first_order", "first-order shift", "tab:orange"), ("jensen", "Jensen 
          ("log_zs_shift", "realized log Z_S shift", "black"), ("predicted_taylor", "b removes: sum pi b", "tab:blue"))
 
 
-def plot_diagnostics(table: pd.DataFrame, per_line: int = 4,
+def plot_diagnostics(table: pd.DataFrame, per_line: int = 4, model: str | None = None,
                      title: str = "why the correction helps or over-corrects, per layer (uncorrected runs)") -> Figure:
     """Per layer: the first-order shift, the Jensen term and its prediction, the realized log Z_S shift, what b
     removes and the residual (shift - b, with its interval) on top; n_eff below. One panel pair per row of ``per_layer``,
@@ -151,7 +151,7 @@ def plot_diagnostics(table: pd.DataFrame, per_line: int = 4,
         axes[2 * (j // cols) + 1][j % cols].axis("off")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, bbox_to_anchor=(0.5, 0.955))
-    fig.suptitle(title)
+    fig.suptitle((f"{model}: " if model else "") + title)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -17,12 +18,14 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from jensenkv.checks import fail
 from jensenkv.eval.attention import mass_by_layer_step
 from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
 from jensenkv.report.model_choice import choose_model
+from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish
 from jensenkv.report.rows import attach_details, full_cache
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.tracking import load_attention, load_results
+from jensenkv.tracking import ResultsStore, load_attention, load_results
 
 CORRECTION_STYLE = {"none": ("tab:red", "o", "no correction"), "taylor": ("tab:blue", "s", "Taylor correction"),
                     "exact": ("tab:green", "^", "exact correction")}
@@ -40,19 +43,23 @@ def plot_tradeoff(runs: pd.DataFrame, metric: str = "psnr", title: str | None = 
     if data.empty:
         raise ValueError(f"no run has both effective_bits and {metric}")
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    labelled: set[tuple[int, int]] = set()  # one "INTb gG" label per setting, not one per correction
     for correction, group in data.groupby("correction"):
         color, marker, label = CORRECTION_STYLE.get(correction, ("tab:gray", "x", correction))
         for bits, series in group.groupby("bits"):
             series = series.sort_values("effective_bits")
             ax.plot(series["effective_bits"], series[metric], color=color, marker=marker,
                     label=label if bits == group["bits"].min() else None, linestyle="-" if bits <= 2 else "--")
-            for _, row in series.iterrows():
-                setting = (int(row["bits"]), int(row["group_size"]))
-                if setting not in labelled:
-                    labelled.add(setting)
-                    ax.annotate(f"INT{setting[0]} g{setting[1]}", (row["effective_bits"], row[metric]),
-                                textcoords="offset points", xytext=(4, -10), fontsize=7, color="dimgray")
+    # one "INTb gG" label per setting; neighbours of one bit width (g128 / g64 lie close
+    # together) alternate below / above their point so that no two labels overlap
+    settings = data.groupby(["bits", "group_size"], sort=True).agg(x=("effective_bits", "mean"), low=(metric, "min"),
+                                                                    high=(metric, "max"))
+    for bits, part in settings.groupby(level="bits"):
+        for i, ((_, group_size), point) in enumerate(part.sort_values("x").iterrows()):
+            below = i % 2 == 0  # under the lowest series, or over the highest: clear of every marker
+            ax.annotate(f"INT{int(bits)} g{int(group_size)}", (point["x"], point["low" if below else "high"]),
+                        textcoords="offset points", xytext=(0, -14 if below else 8), ha="center", fontsize=7,
+                        color="dimgray")
+    ax.margins(x=0.08, y=0.15)  # room for the labels at the ends
     ax.set_xlabel("effective bits per cached element (K and V, incl. metadata)")
     ax.set_ylabel(metric.upper() if metric in ("psnr", "ssim", "lpips") else metric)
     ax.grid(alpha=0.3)
@@ -163,7 +170,7 @@ def rtn_runs(runs: pd.DataFrame, model: str | None = None, results_dir: str | Pa
         full_cache(runs) & runs["treatment"].isin(list(CORRECTION_STYLE))
     if model is not None:
         mask &= runs["model"] == model
-    return comparable(runs[mask])
+    return comparable(runs[mask], results_dir=results_dir)
 
 
 def attention_frames(results_dir: str | Path, rtn: pd.DataFrame, bits: int = 2,
@@ -186,63 +193,139 @@ def attention_frames(results_dir: str | Path, rtn: pd.DataFrame, bits: int = 2,
     return frames
 
 
-def write_figures(results_dir: str | Path = "results", out_dir: str | Path | None = None,
-                  model: str | None = None, bits: int = 2, group_size: int = 32) -> dict[str, str]:
-    """Save tradeoff.png, attention_mass.png, jensen_bias.png and diagnostics.png (per-layer error-model
-    diagnostics, ``jensenkv.report.diagnostics``); returns {figure: path or reason skipped}."""
+@dataclass
+class Figures:
+    """The figures of one model, built in memory (nothing written yet), and what keeps them from being the
+    committed ones (``gaps``: the runs of experiment=tradeoff / table1 they describe that the store lacks)."""
+
+    model: str | None
+    figures: dict[str, Figure] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # figure -> why it was skipped; "left_out" -> runs
+    gaps: list[str] = field(default_factory=list)
+
+    def part(self, folder: str = "figures") -> Part:
+        """The figures as one part of a report (``report.publish``): PNGs under ``folder``."""
+        return Part("figures", {f"{folder}/{name}.png": _saver(fig) for name, fig in self.figures.items()},
+                    list(self.gaps))
+
+    def close(self) -> None:
+        for fig in self.figures.values():
+            plt.close(fig)
+
+
+def _saver(fig: Figure):
+    return lambda path: fig.savefig(path, dpi=130, format="png")
+
+
+def tradeoff_grid() -> dict[str, list[str]]:
+    """The swept values of experiment=tradeoff (configs/experiment/tradeoff.yaml): what tradeoff.png shows."""
+    from omegaconf import OmegaConf
+
+    from jensenkv.run.spec import CONFIG_DIR
+
+    params = OmegaConf.load(CONFIG_DIR / "experiment" / "tradeoff.yaml").hydra.sweeper.params
+    return {str(k): [v.strip() for v in str(values).split(",")] for k, values in params.items()}
+
+
+def tradeoff_gaps(runs: pd.DataFrame) -> list[str]:
+    """The (bits, group size, correction) runs of experiment=tradeoff that ``runs`` (one model's RTN runs of
+    one context) lack."""
+    grid = tradeoff_grid()
+    have = {(str(b), str(g), str(c)) for b, g, c in zip(runs["bits"], runs["group_size"], runs["correction"])} \
+        if not runs.empty else set()
+    return [f"rtn INT{b} g{g} {c} (experiment=tradeoff)" for b in grid["quant.bits"]
+            for g in grid["quant.group_size"] for c in grid["correction"] if (b, g, c) not in have]
+
+
+def build_figures(results_dir: str | Path = "results", model: str | None = None, bits: int = 2,
+                  group_size: int = 32) -> Figures:
+    """tradeoff, attention_mass, jensen_bias and diagnostics (per-layer error-model diagnostics,
+    ``jensenkv.report.diagnostics``) of one model, in memory; each figure it cannot draw is noted with why."""
     results_dir = Path(results_dir)
-    out = Path(out_dir) if out_dir is not None else results_dir / "figures"
-    out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, str] = {}
-
-    def save(name: str, fig: Figure) -> None:
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=130)
-        plt.close(fig)
-        written[name] = str(path)
-
-    save("jensen_bias", plot_jensen_bias())
     runs = load_results(results_dir)
     if runs.empty:
-        written["tradeoff"] = written["attention_mass"] = f"skipped: no runs under {results_dir}"
-        return written
-    model = choose_model(runs, model, key="--model")  # one model per figure, never the first row's
+        out = Figures(model, {"jensen_bias": plot_jensen_bias()}, gaps=[f"every run (no runs under {results_dir})"])
+        out.notes["tradeoff"] = out.notes["attention_mass"] = f"skipped: no runs under {results_dir}"
+        return out
+    model = choose_model(runs, model, key="--model")  # one model per figure (report.model_choice)
+    out = Figures(model, {"jensen_bias": plot_jensen_bias()})
     selection = rtn_runs(runs, model, results_dir)
     rtn = selection.runs
     if selection.left_out:
-        written["left_out"] = "; ".join(selection.left_out)
-    tradeoff = latest(rtn[rtn["correction"].isin(["none", "taylor"])], ("bits", "group_size", "correction"))
+        out.notes["left_out"] = "; ".join(selection.left_out)
+    tradeoff = latest(rtn[rtn["correction"].isin(["none", "taylor"])], ("bits", "group_size", "correction")) \
+        if not rtn.empty else rtn
+    out.gaps += tradeoff_gaps(tradeoff)
     if tradeoff.empty or "psnr" not in tradeoff.columns:
-        written["tradeoff"] = "skipped: no RTN runs with PSNR (run experiment=tradeoff)"
+        out.notes["tradeoff"] = "skipped: no RTN runs with PSNR (run experiment=tradeoff)"
     else:
-        save("tradeoff", plot_tradeoff(tradeoff, "psnr", f"{model}: memory-quality trade-off (RTN)"))
+        out.figures["tradeoff"] = plot_tradeoff(tradeoff, "psnr", f"{model}: memory-quality trade-off (RTN), "
+                                                f"{videos_text(tradeoff, results_dir)}")
     frames = attention_frames(results_dir, rtn, bits, group_size)
+    lacking = [c for c in ("none", "taylor") if f"INT{bits} RTN" + ("" if c == "none" else f" + {c}") not in frames]
+    out.gaps += [f"rtn INT{bits} g{group_size} {c} with attention probes" for c in lacking]
     if frames:
-        save("attention_mass", plot_attention_mass(frames))
+        out.figures["attention_mass"] = plot_attention_mass(frames, title=f"{model}: attention mass on the cache "
+                                                                          "per layer and step")
     else:
-        written["attention_mass"] = f"skipped: no INT{bits} g{group_size} RTN run with attention probes"
+        out.notes["attention_mass"] = f"skipped: no INT{bits} g{group_size} RTN run with attention probes"
     diag = uncorrected_diagnostics(results_dir, model, bits)
     if diag.missing:
-        written["diagnostics"] = "skipped: " + "; ".join(diag.missing)
+        out.notes["diagnostics"] = "skipped: " + "; ".join(diag.missing)
+        out.gaps += diag.missing
     else:
-        save("diagnostics", plot_diagnostics(diag.table))
+        out.figures["diagnostics"] = plot_diagnostics(diag.table, model=model)
+    return out
+
+
+def videos_text(runs: pd.DataFrame, results_dir: str | Path) -> str:
+    """"2 prompts x 1 seed": what each point averages over, read from the runs' identities."""
+    store = ResultsStore(results_dir)
+    shapes = set()
+    for run_id in runs["run_id"]:
+        identity = store.read_record(run_id).get("identity") or {}
+        shapes.add((len(identity.get("prompts") or []), len(identity.get("seeds") or [])))
+    return "; ".join(f"{p} prompt{'s' * (p != 1)} x {s} seed{'s' * (s != 1)}" for p, s in sorted(shapes))
+
+
+def write_figures(results_dir: str | Path = "results", out_dir: str | Path | None = None,
+                  model: str | None = None, bits: int = 2, group_size: int = 32,
+                  allow_incomplete: bool = False) -> dict[str, str]:
+    """Build the figures, then write them to ``<out>/figures/`` (out: ``results_dir`` by default) when the
+    store holds the experiments they describe, else to ``<out>/partial/figures/`` (``report.publish``);
+    returns {figure: path or why skipped}, plus "partial" (the why line) when incomplete."""
+    out = Path(out_dir) if out_dir is not None else Path(results_dir)
+    built = build_figures(results_dir, model, bits, group_size)
+    try:
+        published = publish(out, [built.part()], allow_incomplete)
+    finally:
+        built.close()
+    written = {Path(rel).stem: str(path) for rel, path in published.paths.items() if rel.endswith(".png")}
+    written.update(built.notes)
+    written.update({"partial": why for why in published.incomplete.values()})
     return written
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m jensenkv.report.figures [--results results] [--out results/figures]`` (``make figures``)."""
+    """``python -m jensenkv.report.figures [--results results] [--out results] [--model M]`` (``make figures``)."""
     import argparse
 
     parser = argparse.ArgumentParser(description="figures from the results store")
-    parser.add_argument("--results", default="results", help="results directory with runs/ (default: results)")
-    parser.add_argument("--out", default=None, help="where the PNGs go (default: <results>/figures)")
+    add_store_args(parser, "the PNGs go to <out>/figures/")
+    parser.add_argument("--model", default=None, help="the model to draw (default: the store's only model)")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="write figures of an incomplete store to <out>/figures/ too")
     args = parser.parse_args(argv)
     try:
-        written = write_figures(args.results, args.out)
+        written = write_figures(args.results, args.out, args.model, allow_incomplete=args.allow_incomplete)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     for name, where in written.items():
-        print(f"{name}: {where}")
+        if name != "partial":
+            print(f"{name}: {where}")
+    if "partial" in written:
+        raise SystemExit(f"{written['partial']}: written under {Path(args.out or args.results) / PARTIAL}, the "
+                         "committed figures are unchanged; run `make reproduce-table1` (or pass --allow-incomplete)")
 
 
 if __name__ == "__main__":

@@ -214,7 +214,7 @@ def load_options(results_dir: str | Path = "results", model: str | None = None) 
         runs = runs[runs["model"] == model]
     out = {}
     for name, part in runs.groupby("model", sort=True):
-        out[str(name)] = build_options(results_dir, str(name), comparable(part))
+        out[str(name)] = build_options(results_dir, str(name), comparable(part, results_dir=results_dir))
     return out
 
 

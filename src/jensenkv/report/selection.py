@@ -8,9 +8,14 @@ share one setting. Runs of other contexts are left out and reported, never mixed
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
+
+from jensenkv.tracking import COMPARED, QUANTIZER, ResultsStore, config_hash
 
 RUN_ORDER = ("num_prompts", "created_at", "run_id")  # latest(): most prompts, then newest, then a fixed order
 
@@ -22,7 +27,8 @@ class Selection:
     runs: pd.DataFrame
     context: str | None = None
     context_desc: str = ""
-    left_out: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # one line per group of runs that differ alike
+    num_left_out: int = 0
 
 
 def _ensure(runs: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -60,16 +66,74 @@ def _best_context(runs: pd.DataFrame) -> str:
     return stats.sort_values(["settings", "runs", "prompts", "newest"], kind="stable").index[-1]
 
 
-def comparable(runs: pd.DataFrame, per: tuple[str, ...] = ("model",)) -> Selection:
+def comparable(runs: pd.DataFrame, per: tuple[str, ...] = ("model",),
+               results_dir: str | Path | None = None) -> Selection:
     """The runs of one context per ``per`` group (each model has its own prompts and settings; within a
     model, the context with the most distinct settings, then the most runs, prompts, the newest run);
-    every other run is listed in ``left_out`` with its context."""
+    every other run is left out, grouped by the fields its context differs in from the chosen one (read from
+    the records' identities under ``results_dir``; without it, by context)."""
     if runs.empty:
         return Selection(runs)
     runs = _ensure(runs, ("context", "setting", "context_desc", "correction", *per, *RUN_ORDER))
     contexts = [_best_context(group) for _, group in runs.groupby(list(per), dropna=False, sort=True)]
     chosen = runs[runs["context"].isin(contexts)]
     descs = list(dict.fromkeys(str(d) for d in chosen["context_desc"]))
-    left_out = [f"{describe_run(row)}: other prompts, seeds, model settings or weights ({row['context_desc']})"
-                for _, row in runs[~runs["context"].isin(contexts)].sort_values("run_id").iterrows()]
-    return Selection(chosen, contexts[0] if len(contexts) == 1 else None, "; ".join(descs), left_out)
+    others = runs[~runs["context"].isin(contexts)].sort_values("run_id")
+    left_out = left_out_lines(others, chosen, per, results_dir)
+    return Selection(chosen, contexts[0] if len(contexts) == 1 else None, "; ".join(descs), left_out, len(others))
+
+
+def flat_fields(identity: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    """An identity as {dotted field: value} (lists are values)."""
+    out: dict[str, Any] = {}
+    for key, value in (identity or {}).items():
+        if isinstance(value, Mapping):
+            out.update(flat_fields(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A field's value, short: a list of texts (prompts) or a long list as its length and digest."""
+    if isinstance(value, (list, tuple)) and (len(value) > 8 or any(isinstance(v, str) for v in value)):
+        return f"{len(value)} items {config_hash(list(value), 6)}"
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def context_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
+    """"prompts: 2 items b5f894 (chosen: 16 items ba7fc5); seeds: [0] (chosen: [0, 1, 2])": the context fields
+    (not the quantizer or the correction) in which one run differs from the chosen runs."""
+    ignored = (*COMPARED, *QUANTIZER, "metrics")  # the context is the rest (tracking.comparison_columns) ...
+    in_context = {k for k in set(theirs) | set(ours) if k.split(".")[0] not in ignored} | {"key.store_dtype"}
+    keys = sorted(k for k in in_context if theirs.get(k) != ours.get(k))  # ... plus the cache's storage dtype
+    return "; ".join(f"{k}: {_shown(theirs.get(k))} (chosen: {_shown(ours.get(k))})" for k in keys)
+
+
+def left_out_lines(others: pd.DataFrame, chosen: pd.DataFrame, per: tuple[str, ...],
+                   results_dir: str | Path | None) -> list[str]:
+    """One line per group of left-out runs that differ from the chosen runs of their ``per`` group in the same
+    fields and values: the count, what differs, and which runs."""
+    if others.empty:
+        return []
+    groups: dict[str, list[str]] = {}
+    store = ResultsStore(results_dir) if results_dir is not None else None
+    reference: dict[tuple, dict] = {}
+    for _, row in others.iterrows():
+        key = tuple(row[c] for c in per)
+        if store is None:
+            what = f"other prompts, seeds, model settings or weights ({row['context_desc']})"
+        else:
+            if key not in reference:
+                mates = chosen[(chosen[list(per)] == pd.Series(key, index=list(per))).all(axis=1)]
+                reference[key] = flat_fields(store.read_record(mates["run_id"].iloc[0]).get("identity")) \
+                    if not mates.empty else {}
+            what = context_difference(flat_fields(store.read_record(row["run_id"]).get("identity")),
+                                      reference[key]) or "an identity the chosen runs' context does not match"
+        groups.setdefault(what, []).append(describe_run(row))
+    lines = []
+    for what, names in groups.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        lines.append(f"{len(names)} run{'s' * (len(names) != 1)} differing in {what}: {shown}")
+    return lines

@@ -1,8 +1,8 @@
 """Table 1: fidelity, VBench, content and the attention-mass shift of each quantizer, "no correction -> X" for
 every correction (treatment) X that was run, with 95% intervals and paired tests, from the results store.
 
-    python -m jensenkv.report.table1 [--results results] [--out results] [--group-size 32] [--correction taylor]
-                                     [--allow-incomplete]
+    python -m jensenkv.report.table1 [--results $JENSENKV_RESULTS or results] [--out <results>] [--group-size 32]
+                                     [--correction taylor] [--allow-incomplete]
 
 Writes ``table1.csv`` (one row per cell = table row x treatment, long form: model, quantizer, label, bits,
 group_size, rotation, rotation_seeds, zero_point, dither, smoothing, qvg_centroids, correction, strength,
@@ -25,7 +25,8 @@ QVG keeps its own residual block), all from one context (same model and sampler 
 seeds and probes: ``jensenkv.report.selection``). Runs of other contexts are left out and listed. The command
 prints which runs each row compares, and writes to ``--out`` only a complete table (every TABLE1_ROWS row with
 its "none" and ``--correction`` cells, and every treated cell with its baseline); otherwise it writes to
-``<out>/partial/`` and exits 1, leaving the committed tables as they are.
+``<out>/partial/`` and exits 1, leaving the committed tables as they are (``jensenkv.report.publish``: every
+file is built first, then all are written or none).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from jensenkv.report.rows import (BASELINE, QUANTIZER_ORDER, REASON_SOURCE, RUN_
                                   attach_details, bits_label, by_replicate, full_cache, present, quantizer_label,
                                   run_ids_of, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.tracking import atomic_write, load_results, portable
+from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, text_file
+from jensenkv.tracking import load_results, portable
 
 CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
                "dither", "smoothing", "qvg_centroids", "correction", "strength", "treatment", "effective_bits",
@@ -82,7 +84,7 @@ def choose_runs(runs: pd.DataFrame, group_size: int = 32, corrections: tuple[str
     left out. ``corrections``: keep only these (None: every correction run)."""
     runs = attach_details(runs, results_dir)
     candidates = table1_candidates(runs, group_size, corrections)
-    selection = comparable(candidates)
+    selection = comparable(candidates, results_dir=results_dir)
     if not selection.runs.empty:
         selection.runs = latest(selection.runs, ("model", "row_id", "replicate", "treatment"))
     return selection
@@ -344,7 +346,8 @@ class Table1:
             treated = [f"{t} (run {r})" for t, r in by_treatment.items() if t != BASELINE] or ["nothing"]
             lines.append(f"  {name} {bits_label(first)}: {base} -> " + "; ".join(treated))
         if self.selection.left_out:
-            lines.append(f"left out ({len(self.selection.left_out)} runs of another context, never mixed in):")
+            lines.append(f"left out ({self.selection.num_left_out} runs of another context, never mixed in; what "
+                         "differs from the runs above):")
             lines += [f"  {line}" for line in self.selection.left_out]
         if self.missing_rows:
             lines.append("incomplete, missing: " + "; ".join(self.missing_rows))
@@ -377,6 +380,15 @@ def table1_gaps(table: pd.DataFrame, correction: str, runs: pd.DataFrame | None 
                 gaps.append(f"{run['model']} {run['quantizer']} INT{run['bits']}{seed}: no uncorrected twin of "
                             f"{run['treatment']} run {run['run_id']}")
     return gaps
+
+
+def missing_rows(results_dir: str | Path, group_size: int = 32, correction: str = "taylor") -> list[str]:
+    """What keeps the store's Table 1 from being complete (``table1_gaps``), without building the table."""
+    runs = load_results(results_dir)
+    if runs.empty:
+        return ["every row (no runs)"]
+    selection = choose_runs(runs, group_size, None, results_dir)
+    return table1_gaps(long_table(selection.runs, Path(results_dir)), correction, selection.runs)
 
 
 def build_table1(results_dir: str | Path = "results", group_size: int = 32, correction: str = "taylor") -> Table1:
@@ -417,45 +429,68 @@ def per_video_table(table: pd.DataFrame, videos: pd.DataFrame, runs: pd.DataFram
     return out[list(VIDEO_COLUMNS)].reset_index(drop=True)
 
 
+def table1_part(t1: Table1, results_dir: str | Path) -> Part:
+    """table1.{csv,md,tex}, table1_videos.csv and table1_layers.csv, built in memory (``report.publish``)."""
+    table, paper, notes = t1.table.drop(columns=["row_id", "probe_steps"], errors="ignore"), t1.paper, t1.notes
+    layers = layer_means(t1.table, results_dir)  # per-layer probe means (em_* diagnostics) of every cell
+    files = {"table1.csv": table.to_csv(index=False), "table1.md": to_markdown(paper, notes),
+             "table1.tex": to_latex(paper, notes), "table1_videos.csv": t1.videos.to_csv(index=False),
+             "table1_layers.csv": layers.to_csv(index=False)}
+    return Part("table1", {name: text_file(text) for name, text in files.items()}, list(t1.missing_rows))
+
+
+ARTIFACTS = {"table1.csv": "csv", "table1.md": "md", "table1.tex": "tex", "table1_videos.csv": "videos",
+             "table1_layers.csv": "layers"}
+
+
 def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None = None, group_size: int = 32,
                  correction: str = "taylor", figures: bool = True, allow_incomplete: bool = False,
                  built: Table1 | None = None) -> dict[str, str]:
-    """Write table1.{csv,md,tex} (and figures); returns {artifact: path or reason skipped}.
+    """Write table1.{csv,md,tex}, table1_videos.csv, table1_layers.csv (and figures); returns {artifact: path or
+    reason skipped}, plus "partial" with the why line(s) when something went to ``<out>/partial/``.
 
-    An incomplete table goes to ``<out>/partial/`` unless ``allow_incomplete``: the tables in ``out`` are
-    only ever replaced by a complete one.
+    Everything is built first, then written at once (``report.publish``): an incomplete table goes to
+    ``<out>/partial/`` unless ``allow_incomplete``, and so do figures of a store that lacks what they show; the
+    committed files in ``out`` are only ever replaced by complete ones.
     """
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir
     t1 = built or build_table1(results_dir, group_size, correction)
-    if not t1.complete and not allow_incomplete:
-        out = out / "partial"
-    table, paper, notes = t1.table.drop(columns=["row_id", "probe_steps"], errors="ignore"), t1.paper, t1.notes
-    written = {
-        "csv": str(atomic_write(out / "table1.csv", lambda f: table.to_csv(f, index=False), mode="w")),
-        "md": str(atomic_write(out / "table1.md", lambda f: f.write(to_markdown(paper, notes)), mode="w")),
-        "tex": str(atomic_write(out / "table1.tex", lambda f: f.write(to_latex(paper, notes)), mode="w")),
-        "videos": str(atomic_write(out / "table1_videos.csv", lambda f: t1.videos.to_csv(f, index=False), mode="w")),
-    }
-    layers = layer_means(t1.table, results_dir)  # per-layer probe means (em_* diagnostics) of every cell
-    written["layers"] = str(atomic_write(out / "table1_layers.csv", lambda f: layers.to_csv(f, index=False), mode="w"))
+    parts, notes = [table1_part(t1, results_dir)], {}
+    shown = None
     if figures:
-        from jensenkv.report.figures import write_figures
+        from jensenkv.report.figures import build_figures
 
-        written.update(write_figures(results_dir, out / "figures", group_size=group_size))
+        models = sorted(t1.table["model"].dropna().unique())
+        if len(models) == 1:
+            shown = build_figures(results_dir, models[0], group_size=group_size)
+            parts.append(shown.part())
+            notes.update(shown.notes)
+        else:
+            notes["figures"] = (f"skipped: the table has {len(models)} models; draw one with `python -m "
+                                "jensenkv.report.figures --model M`")
+    try:
+        published = publish(out, parts, allow_incomplete)
+    finally:
+        if shown is not None:
+            shown.close()
+    written = {ARTIFACTS.get(rel, Path(rel).stem): str(path) for rel, path in published.paths.items()
+               if not rel.endswith(".why.txt")}
+    written.update(notes)
+    if published.incomplete:
+        written["partial"] = " | ".join(published.incomplete.values())
     return written
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", default="results", help="results directory with runs/ (default: results)")
-    parser.add_argument("--out", default=None, help="where table1.* and figures/ go (default: --results)")
+    add_store_args(parser, "where table1.* and figures/ go")
     parser.add_argument("--group-size", type=int, default=32, help="group size of the RTN-family rows")
     parser.add_argument("--correction", default="taylor",
                         help="the correction every required row must have (others run are shown too)")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--allow-incomplete", action="store_true",
-                        help="write an incomplete table to --out too (default: to <out>/partial/)")
+                        help=f"write an incomplete table to --out too (default: to <out>/{PARTIAL}/)")
     args = parser.parse_args(argv)
     try:
         t1 = build_table1(args.results, args.group_size, args.correction)
@@ -465,11 +500,15 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     for name, where in written.items():
-        print(f"{name}: {where}")
+        if name != "partial":
+            print(f"{name}: {where}")
+    out = Path(args.out or args.results)
     if not t1.complete and not args.allow_incomplete:
         raise SystemExit(f"Table 1 is incomplete (missing: {'; '.join(t1.missing_rows)}): written under "
-                         f"{Path(written['csv']).parent}, the tables in {args.out or args.results} are unchanged; "
-                         "run `make reproduce-table1` (or pass --allow-incomplete)")
+                         f"{out / PARTIAL}, the tables in {out} are unchanged; run `make reproduce-table1` "
+                         "(or pass --allow-incomplete)")
+    if "partial" in written:
+        print(f"{written['partial']}: written under {out / PARTIAL}, the committed ones are unchanged")
 
 
 if __name__ == "__main__":

@@ -603,7 +603,8 @@ class Runner:
 
                 from jensenkv.report.figures import plot_attention_mass
 
-                fig = plot_attention_mass({name: pd.read_csv(csv)})
+                fig = plot_attention_mass({name: pd.read_csv(csv)}, title=f"{record['labels'].get('model')}: "
+                                          "attention mass on the cache per layer and step")
                 wb.log_figure("attention_mass", fig)
                 plt.close(fig)
         except Exception as e:  # noqa: BLE001
