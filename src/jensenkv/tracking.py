@@ -558,6 +558,9 @@ def resolve_wandb_mode(configured: str) -> str:
     if mode == "dryrun":
         mode = "offline"
     if mode not in WANDB_MODES:
+        if os.environ.get("WANDB_MODE"):
+            raise ValueError(f"WANDB_MODE={mode!r} (in the environment, it wins over logger.mode) is not allowed: "
+                             f"use one of {WANDB_MODES}")
         raise ValueError(f"logger.mode={mode!r} is not allowed: use one of {WANDB_MODES}")
     return mode
 

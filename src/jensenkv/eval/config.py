@@ -1,6 +1,7 @@
 """The eval node of the config tree: what a run generates and how it is scored (``eval/`` obeys it)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,9 +29,12 @@ class VBenchConfig:
     dimensions: list[str] = field(default_factory=lambda: [
         "subject_consistency", "background_consistency", "imaging_quality", "aesthetic_quality",
         "temporal_flickering"])
-    device: Optional[str] = None  # null: the run's device
+    device: Optional[str] = None  # null: the run's device; else cpu, cuda or cuda:<n>
 
     def __post_init__(self) -> None:
+        if self.device is not None and not (isinstance(self.device, str)
+                                            and re.fullmatch(r"cpu|cuda(:\d+)?", self.device)):
+            fail("eval.vbench.device", self.device, "use null (the run's device), cpu, cuda or cuda:<n>")
         validate_dimensions(self.dimensions)
         self.dimensions = list(dict.fromkeys(self.dimensions))
 

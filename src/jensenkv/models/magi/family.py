@@ -61,7 +61,7 @@ class MagiFamily(ModelFamily):
         unknown = sorted(set(overrides) - set(allowed))
         if unknown:
             fail("model.model_overrides", dict(overrides), f"{unknown} are not MAGI-1 model fields; use {allowed}")
-        return model_preset(model.preset, **overrides)
+        return model_preset(model.preset, prefix="model.model_overrides.", **overrides)
 
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         try:

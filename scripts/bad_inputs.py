@@ -1,0 +1,140 @@
+"""Run the bad-input table (tests/data/bad_inputs.yaml) through ``python -m jensenkv.run`` and count what each met.
+
+    PYTHONPATH=src python scripts/bad_inputs.py [--timeout 120] [--only NAME ...] [--verbose]
+
+Each entry runs in a subprocess, in a scratch folder (so any job Hydra starts leaves its outputs/ or multirun/
+folder there) with its own results dir (JENSENKV_RESULTS, unless the entry sets it), W&B disabled and the
+Hugging Face hub offline. What it met is one of:
+
+    stopped    exit 2, one line on stderr naming the entry's key, no job started
+    unclear    exit 2, one line, no job started, but the line does not name the key
+    traceback  a Python traceback
+    accepted   a job started (or exit 0): the pre-check let it through
+    hang       still running after --timeout seconds (killed)
+    other      anything else (several lines without a traceback, another exit status)
+
+The same fixtures (``make_fixtures``) serve the in-process test (tests/test_bad_inputs.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "tests" / "data" / "bad_inputs.yaml"
+GOOD_WEIGHTS = ROOT / "src" / "jensenkv" / "models" / "tiny" / "weights"
+OUTCOMES = ("stopped", "unclear", "traceback", "accepted", "hang", "other")
+
+
+def load_table(path: Path = TABLE) -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def _weights_dir(root: Path, name: str, config: str | None, weights: bytes | None) -> str:
+    """A tiny-model folder with this config.json text and model.safetensors bytes (None: the file is absent)."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.json").write_text(config)
+    if weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    return str(folder)
+
+
+def make_fixtures(root: Path) -> dict[str, str]:
+    """The files the table's placeholders name, made under ``root``: {placeholder: path}."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = (GOOD_WEIGHTS / "config.json").read_text()
+    weights = (GOOD_WEIGHTS / "model.safetensors").read_bytes()
+    stored = json.loads(config)
+    no_patch = {**stored, "transformer": {k: v for k, v in stored["transformer"].items() if k != "patch_size"}}
+    no_data = {k: v for k, v in stored.items() if k != "data"}
+    a_file = root / "a_file.txt"
+    a_file.write_text("not a folder\n")
+    return {
+        "tmp": str(root),
+        "a_file": str(a_file),
+        "missing": str(root / "does_not_exist.json"),
+        "good_weights": str(GOOD_WEIGHTS),
+        "weights_truncated": _weights_dir(root, "weights_truncated", config, weights[: len(weights) // 2]),
+        "weights_garbled": _weights_dir(root, "weights_garbled", config, b"\x17garbage" * 64),
+        "weights_empty": _weights_dir(root, "weights_empty", config, b""),
+        "weights_absent": _weights_dir(root, "weights_absent", config, None),
+        "config_missing_keys": _weights_dir(root, "config_missing_keys", json.dumps(no_patch), weights),
+        "config_garbled": _weights_dir(root, "config_garbled", "{not json", weights),
+        "config_empty": _weights_dir(root, "config_empty", "", weights),
+        "config_no_data": _weights_dir(root, "config_no_data", json.dumps(no_data), weights),
+    }
+
+
+def expand(entry: dict, fixtures: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The entry's arguments and environment with the fixtures filled in."""
+    args = [a.format(**fixtures) for a in entry.get("args") or []]
+    env = {k: str(v).format(**fixtures) for k, v in (entry.get("env") or {}).items()}
+    return args, env
+
+
+def classify(returncode: int | None, stderr: str, key: str, job_started: bool) -> str:
+    if returncode is None:
+        return "hang"
+    if "Traceback (most recent call last)" in stderr:
+        return "traceback"
+    if job_started or returncode == 0:
+        return "accepted"
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if returncode == 2 and len(lines) == 1:
+        return "stopped" if key in lines[0] else "unclear"
+    return "other"
+
+
+def run_entry(entry: dict, fixtures: dict[str, str], scratch: Path, timeout: float) -> tuple[str, str]:
+    """(outcome, stderr) of one entry run through the command line."""
+    args, env = expand(entry, fixtures)
+    cwd = scratch / entry["name"]
+    cwd.mkdir(parents=True)
+    full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                "JENSENKV_RESULTS": str(cwd / "results"), **env}
+    full_env["PATH"] = env.get("PATH", os.environ.get("PATH", ""))
+    command = [sys.executable, "-m", "jensenkv.run", *args]
+    try:
+        done = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        returncode, stderr = done.returncode, done.stderr
+    except subprocess.TimeoutExpired as e:
+        returncode = None
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    job_started = (cwd / "outputs").exists() or (cwd / "multirun").exists()
+    return classify(returncode, stderr, entry["key"], job_started), stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before an entry counts as a hang")
+    parser.add_argument("--only", nargs="*", help="run only these entries (names)")
+    parser.add_argument("--verbose", action="store_true", help="print the last stderr line of each entry")
+    opts = parser.parse_args(argv)
+    table = [e for e in load_table() if not opts.only or e["name"] in opts.only]
+    counts: Counter[str] = Counter()
+    with tempfile.TemporaryDirectory(prefix="bad_inputs.") as tmp:
+        fixtures = make_fixtures(Path(tmp) / "fixtures")
+        for entry in table:
+            outcome, stderr = run_entry(entry, fixtures, Path(tmp) / "runs", opts.timeout)
+            counts[outcome] += 1
+            last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
+            print(f"{outcome:9} {entry['name']}" + (f"  | {last[:160]}" if opts.verbose else ""), flush=True)
+        shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
+    summary = ", ".join(f"{counts[o]} {o}" for o in OUTCOMES)
+    print(f"{len(table)} bad inputs: {summary} (stopped = one line naming the key, exit 2, before any job)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
