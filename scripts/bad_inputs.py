@@ -9,8 +9,8 @@ Hugging Face hub offline. What it met is one of:
     stopped    exit 2, one line on stderr naming the entry's key, no job started
     unclear    exit 2, one line, no job started, but the line does not name the key
     traceback  a Python traceback
-    accepted   a job started (or exit 0): the pre-check let it through
-    hang       still running after --timeout seconds (killed)
+    accepted   a job started (or exit 0): the pre-check let it through (stopped 20 s after its job started)
+    hang       still running after --timeout seconds, or its job waiting on a lock when stopped
     other      anything else (several lines without a traceback, another exit status)
 
 The same fixtures (``make_fixtures``) serve the in-process test (tests/test_bad_inputs.py).
@@ -96,22 +96,38 @@ def classify(returncode: int | None, stderr: str, key: str, job_started: bool) -
     return "other"
 
 
-def run_entry(entry: dict, fixtures: dict[str, str], scratch: Path, timeout: float) -> tuple[str, str]:
-    """(outcome, stderr) of one entry run through the command line."""
+def run_entry(entry: dict, fixtures: dict[str, str], scratch: Path, timeout: float,
+              job_grace: float = 20.0) -> tuple[str, str]:
+    """(outcome, stderr) of one entry run through the command line. Once a job has started the entry is past
+    the pre-check: it gets ``job_grace`` more seconds to fail with a traceback, then it is stopped."""
+    import signal
+    import time
+
     args, env = expand(entry, fixtures)
     cwd = scratch / entry["name"]
     cwd.mkdir(parents=True)
     full_env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                 "JENSENKV_RESULTS": str(cwd / "results"), **env}
-    full_env["PATH"] = env.get("PATH", os.environ.get("PATH", ""))
     command = [sys.executable, "-m", "jensenkv.run", *args]
-    try:
-        done = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-        returncode, stderr = done.returncode, done.stderr
-    except subprocess.TimeoutExpired as e:
-        returncode = None
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-    job_started = (cwd / "outputs").exists() or (cwd / "multirun").exists()
+    with open(cwd / "stderr.txt", "w+") as err:
+        process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True)  # its own group: a stop reaches Hydra's workers too
+        start, job_seen = time.monotonic(), None
+        while process.poll() is None:
+            now = time.monotonic()
+            if job_seen is None and ((cwd / "outputs").exists() or (cwd / "multirun").exists()):
+                job_seen = now
+            if now - start > timeout or (job_seen is not None and now - job_seen > job_grace):
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                break
+            time.sleep(0.2)
+        err.seek(0)
+        stderr = err.read()
+    job_started = job_seen is not None or (cwd / "outputs").exists() or (cwd / "multirun").exists()
+    stopped = process.returncode == -signal.SIGKILL
+    # stopped while waiting on a lock (a results dir it can never write), or before any job: a hang
+    returncode = None if stopped and (not job_started or "waiting for" in stderr) else process.returncode
     return classify(returncode, stderr, entry["key"], job_started), stderr
 
 

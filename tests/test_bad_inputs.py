@@ -27,7 +27,13 @@ def test_table_covers_the_issue_and_its_neighbours():
         {e["item"] for e in TABLE}
 
 
-@pytest.mark.parametrize("entry", TABLE, ids=[e["name"] for e in TABLE])
+# the issue's own items run in the fast suite; their neighbours (composition errors test_configs also covers)
+# with the slow tests, so the table adds ~10 s to `make test`
+CASES = [pytest.param(e, id=e["name"], marks=[pytest.mark.slow] if e["item"] == "neighbour" else [])
+         for e in TABLE]
+
+
+@pytest.mark.parametrize("entry", CASES)
 def test_bad_input_stops_in_one_line_before_any_job(entry, fixtures, tmp_path, monkeypatch, capsys):
     import jensenkv.run.summary
     from jensenkv.run.cli import main

@@ -26,7 +26,7 @@ class LpipsConfig:
 
 @dataclass
 class VBenchConfig:
-    dimensions: list[str] = field(default_factory=lambda: [
+    dimensions: list[str] = field(default_factory=lambda: [  # VBench dimensions scored with metric vbench
         "subject_consistency", "background_consistency", "imaging_quality", "aesthetic_quality",
         "temporal_flickering"])
     device: Optional[str] = None  # null: the run's device; else cpu, cuda or cuda:<n>
@@ -43,10 +43,10 @@ class VBenchConfig:
 class EvalConfig:
     """What a run generates and how it is scored (configs/eval/*.yaml)."""
 
-    prompts: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # the prompts a run generates (configs/eval/*.yaml)
     num_prompts: Optional[int] = None  # use the first n prompts (null: all)
-    seeds: list[int] = field(default_factory=lambda: [0])
-    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
+    seeds: list[int] = field(default_factory=lambda: [0])  # every prompt is generated once per seed
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))  # drawn from METRICS
     lpips: LpipsConfig = field(default_factory=LpipsConfig)
     vbench: VBenchConfig = field(default_factory=VBenchConfig)
     fps: int = 8                       # frame rate of the saved mp4 files

@@ -25,7 +25,7 @@ def _one_line(error: Exception) -> str:
 class TinyNode:
     """kind "tiny": the built-in model (weights_dir: its folder; null: the packaged weights)."""
 
-    weights_dir: Optional[str] = None
+    weights_dir: Optional[str] = None  # folder of model.safetensors + config.json (null: the packaged weights)
 
 
 class TinyFamily(ModelFamily):
