@@ -1,16 +1,18 @@
 """Run the bad-input table (tests/data/bad_inputs.yaml) through ``python -m jensenkv.run`` and count what each met.
 
-    PYTHONPATH=src python scripts/bad_inputs.py [--timeout 120] [--only NAME ...] [--verbose]
+    PYTHONPATH=src python scripts/bad_inputs.py [--subprocess [--timeout 120]] [--only NAME ...] [--verbose]
 
-Each entry runs in a subprocess, in a scratch folder (so any job Hydra starts leaves its outputs/ or multirun/
-folder there) with its own results dir (JENSENKV_RESULTS, unless the entry sets it), W&B disabled and the
-Hugging Face hub offline. What it met is one of:
+By default each entry goes through the command-line entry ``jensenkv.run.cli.main`` in this process, with
+Hydra's launch replaced by a stub: what the pre-check does with it, in seconds for the whole table. With
+--subprocess each runs as ``python -m jensenkv.run`` in a scratch folder (a job Hydra starts leaves its
+outputs/ or multirun/ folder there), jobs included. Either way each entry gets its own results dir
+(JENSENKV_RESULTS, unless the entry sets it) and W&B disabled. What it met is one of:
 
     stopped    exit 2, one line on stderr naming the entry's key, no job started
     unclear    exit 2, one line, no job started, but the line does not name the key
     traceback  a Python traceback
-    accepted   a job started (or exit 0): the pre-check let it through (stopped 20 s after its job started)
-    hang       still running after --timeout seconds, or its job waiting on a lock when stopped
+    accepted   the pre-check let it through to Hydra (--subprocess: a job started, stopped 20 s later)
+    hang       --subprocess: still running after --timeout seconds, or its job waiting on a lock when stopped
     other      anything else (several lines without a traceback, another exit status)
 
 The same fixtures (``make_fixtures``) serve the in-process test (tests/test_bad_inputs.py).
@@ -131,18 +133,67 @@ def run_entry(entry: dict, fixtures: dict[str, str], scratch: Path, timeout: flo
     return classify(returncode, stderr, entry["key"], job_started), stderr
 
 
+class _Launched(Exception):
+    """Raised in place of Hydra's launch: the pre-check let the entry through."""
+
+
+def run_in_process(entry: dict, fixtures: dict[str, str], scratch: Path) -> tuple[str, str]:
+    """(outcome, stderr) of one entry through ``jensenkv.run.cli.main`` in this process, Hydra's launch replaced
+    by a stub: what the pre-check alone does with it (``accepted``: it would start a job)."""
+    import contextlib
+    import io
+    import traceback
+
+    import jensenkv.run.summary
+    from jensenkv.run.cli import main as run_main
+
+    args, env = expand(entry, fixtures)
+    cwd = scratch / entry["name"]
+    cwd.mkdir(parents=True)
+    saved_env, saved_argv, saved_launch = dict(os.environ), list(sys.argv), jensenkv.run.summary.run_with_summary
+    os.environ.update({"WANDB_MODE": "disabled", "JENSENKV_RESULTS": str(cwd / "results"), **env})
+
+    def launched(*args, **kwargs):
+        raise _Launched
+
+    jensenkv.run.summary.run_with_summary = launched
+    stderr, code = io.StringIO(), None
+    try:
+        with contextlib.redirect_stderr(stderr):
+            try:
+                run_main(args)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except _Launched:
+                return "accepted", stderr.getvalue()
+            except Exception:  # noqa: BLE001 - what a user would see: a traceback
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv[:] = saved_argv
+        jensenkv.run.summary.run_with_summary = saved_launch
+    return classify(code, stderr.getvalue(), entry["key"], job_started=False), stderr.getvalue()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before an entry counts as a hang")
     parser.add_argument("--only", nargs="*", help="run only these entries (names)")
     parser.add_argument("--verbose", action="store_true", help="print the last stderr line of each entry")
+    parser.add_argument("--subprocess", action="store_true",
+                        help="run each entry as a real command (jobs included, minutes per entry) instead of the "
+                             "pre-check in this process with Hydra's launch replaced (seconds for the table)")
     opts = parser.parse_args(argv)
     table = [e for e in load_table() if not opts.only or e["name"] in opts.only]
     counts: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="bad_inputs.") as tmp:
         fixtures = make_fixtures(Path(tmp) / "fixtures")
         for entry in table:
-            outcome, stderr = run_entry(entry, fixtures, Path(tmp) / "runs", opts.timeout)
+            outcome, stderr = (run_entry(entry, fixtures, Path(tmp) / "runs", opts.timeout) if opts.subprocess
+                               else run_in_process(entry, fixtures, Path(tmp) / "runs"))
             counts[outcome] += 1
             last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
             print(f"{outcome:9} {entry['name']}" + (f"  | {last[:160]}" if opts.verbose else ""), flush=True)
