@@ -301,8 +301,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [sys.argv[0], *args]
-    from jensenkv.run.help import register_help_resolver
     from jensenkv.run.summary import run_with_summary  # done / skipped / failed / missing; non-zero if missing
 
-    register_help_resolver()  # --help lists the fields with their docs (configs/config.yaml: hydra.help)
     run_with_summary(args, hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(task))

@@ -22,12 +22,14 @@ from jensenkv.config import RunConfig, register_configs
 from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
 from jensenkv.models.registry import family
+from jensenkv.run.help import register_help_resolver
 from jensenkv.tracking import config_hash
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")
 
 register_configs()
+register_help_resolver()  # configs/config.yaml's hydra.help.template names it: every process that composes has it
 
 
 @dataclass
