@@ -147,7 +147,7 @@ def test_the_triton_backend_refuses_a_cache_it_cannot_read_before_any_model_load
 
 @pytest.mark.parametrize("overrides, message", [
     ({"model_overrides": {"num_layer": 2}}, r"model.model_overrides=.*\['num_layer'\] are not MAGI-1 model fields"),
-    ({"model_overrides": {"num_layers": 0}}, r"magi.num_layers=0 is not allowed"),
+    ({"model_overrides": {"num_layers": 0}}, r"model.model_overrides.num_layers=0 is not allowed"),
     ({"preset": "huge"}, r"model.preset='huge' is not allowed: use one of"),
     ({"seed": -1}, r"model.seed=-1 is not allowed"),
 ])

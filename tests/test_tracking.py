@@ -101,7 +101,7 @@ def test_wandb_mode_environment_wins(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_wandb_mode("online") == "disabled"
     monkeypatch.setenv("WANDB_MODE", "bogus")
-    with pytest.raises(ValueError, match="logger.mode='bogus'"):
+    with pytest.raises(ValueError, match=r"WANDB_MODE='bogus' \(in the environment"):
         resolve_wandb_mode("offline")
 
 

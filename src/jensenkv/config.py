@@ -32,7 +32,7 @@ from typing import Optional
 from jensenkv.attention.backends import check_backend_storage
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheConfig, CacheSettings
-from jensenkv.checks import check_int
+from jensenkv.checks import check_int, fail
 from jensenkv.eval.config import EvalConfig
 from jensenkv.generation import GenerationConfig, MagiScheduleConfig  # noqa: F401 - the generation node's own node
 from jensenkv.models.config import ModelConfig
@@ -45,6 +45,11 @@ from jensenkv.tracking import LoggerConfig
 @dataclass
 class PathsConfig:
     results_dir: str = "${oc.env:JENSENKV_RESULTS,results}"  # runs/, refs/, wandb/ live here
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.results_dir, str) or not self.results_dir.strip():
+            fail("paths.results_dir", self.results_dir, "must be a folder path (default: $JENSENKV_RESULTS, else "
+                 "results); set paths.results_dir=... or JENSENKV_RESULTS")
 
 
 @dataclass
@@ -71,6 +76,7 @@ class RunConfig:
         own.check_generation(self.generation)
         own.check_batch(self.generation)
         own.check_backend(self.attention.backend)
+        self._check_indices()
         if "teacher_forced" in self.eval.metrics:
             check_teacher_forced(self.generation)
         self.key, self.value = self.cache.key_value(self.quant)  # the checks that need the head dim: resolve
@@ -80,6 +86,20 @@ class RunConfig:
         if self.attention.correction == "none":  # no bias to scale: the file changes nothing
             self.attention = dataclasses.replace(self.attention, calibration=None)
         self.attention = dataclasses.replace(self.attention, probes="attention" in self.eval.metrics)
+
+    def _check_indices(self) -> None:
+        """Probe steps and sink chunks against the generation they index: past its end they would make a run
+        that silently probes or quantizes nothing (probe layers need the model's depth: run.spec.resolve)."""
+        steps, chunks, sinks = self.generation.steps, self.generation.num_chunks, self.cache.sink_chunks
+        for key in ("probe_steps", "diagnostic_steps"):
+            value = getattr(self.attention, key)
+            if value and max(value) >= steps:
+                fail(f"attention.{key}", value, f"denoising step indices must be < generation.steps={steps}")
+        if sinks and sinks >= chunks - 1:  # chunk i reads chunks 0..i-1 only: all of them sinks
+            window = "" if self.cache.window_chunks is None else \
+                f" (cache.window_chunks={self.cache.window_chunks} limits only the chunks after the sinks)"
+            fail("cache.sink_chunks", sinks, f"must be < generation.num_chunks - 1 = {chunks - 1}: a chunk reads only "
+                 f"the chunks before it, so with {sinks} sink chunks no quantized chunk is ever read{window}")
 
     # --- derived views -----------------------------------------------------------------------------------
     @property

@@ -198,15 +198,15 @@ class GenerationConfig:
         no video, so run ids leave it out (``sampling``).
     """
 
-    num_chunks: int = 4
-    frames_per_chunk: int = 2
-    steps: int = 10
-    shift: float = 2.0
+    num_chunks: int = 4                # chunks generated one after the other: the video's length
+    frames_per_chunk: int = 2          # (latent) frames of one chunk
+    steps: int = 10                    # denoising steps per chunk
+    shift: float = 2.0                 # flow-matching timestep shift (larger: more time at high noise)
     guidance_scale: float = 1.0
     sampler: str = "euler"
     kv_range: Optional[list[Optional[int]]] = None
     commit_kv_range: Optional[int] = None
-    negative_prompt: str = ""
+    negative_prompt: str = ""          # the unconditional branch's prompt of classifier-free guidance
     window_size: int = 1
     magi: Optional[MagiScheduleConfig] = None  # MAGI-1's refresh pass, 3-way / distilled guidance, time schedule
     worldplay: Optional[WorldPlaySettings] = None  # HY-WorldPlay's memory, inputs and latent storage

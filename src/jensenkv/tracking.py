@@ -652,6 +652,9 @@ def resolve_wandb_mode(configured: str) -> str:
     if mode == "dryrun":
         mode = "offline"
     if mode not in WANDB_MODES:
+        if os.environ.get("WANDB_MODE"):
+            raise ValueError(f"WANDB_MODE={mode!r} (in the environment, it wins over logger.mode) is not allowed: "
+                             f"use one of {WANDB_MODES}")
         raise ValueError(f"logger.mode={mode!r} is not allowed: use one of {WANDB_MODES}")
     return mode
 
@@ -661,11 +664,11 @@ class LoggerConfig:
     """The logger node of the config tree: W&B. WANDB_MODE in the environment wins over ``mode`` (tests set
     WANDB_MODE=disabled)."""
 
-    mode: str = "offline"
-    project: str = "jensenkv"
-    entity: Optional[str] = None
-    dir: str = "${paths.results_dir}/wandb"
-    tags: list[str] = field(default_factory=list)
+    mode: str = "offline"              # offline | online | disabled (WANDB_MODE in the environment wins)
+    project: str = "jensenkv"          # W&B project
+    entity: Optional[str] = None       # W&B team or user (null: the login's default)
+    dir: str = "${paths.results_dir}/wandb"  # where W&B writes its files
+    tags: list[str] = field(default_factory=list)  # W&B tags of every run
     log_video: bool = True             # one sample video per run
     log_plots: bool = True             # attention-mass plot per run
 

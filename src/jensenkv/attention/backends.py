@@ -16,7 +16,7 @@ import torch
 from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
 from jensenkv.attention.reference import reference_attention
-from jensenkv.attention.triton_kernel import storage_refusal, triton_cached_attention
+from jensenkv.attention.triton_kernel import device_refusal, storage_refusal, triton_cached_attention
 from jensenkv.checks import fail
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -49,6 +49,18 @@ def check_backend_storage(name: str, key, value) -> None:
     reason = limit(key, value) if limit is not None else None
     if reason is not None:
         fail("attention.backend", name, f"{reason}; backends cached, reference and flex read every stored form")
+
+
+# What a backend cannot run on, from the run's device (model.device, resolved): fn(device) -> reason or None
+DEVICE_LIMITS: dict[str, Callable[[str], str | None]] = {"triton": device_refusal}
+
+
+def check_backend_device(name: str, device: str) -> None:
+    """One-line ValueError when backend ``name`` cannot run on ``device`` on this machine (before any model loads)."""
+    limit = DEVICE_LIMITS.get(name)
+    reason = limit(device) if limit is not None else None
+    if reason is not None:
+        fail("attention.backend", name, f"{reason}; backends cached and reference run on any device")
 
 
 def get_backend(name: str) -> AttentionFn:

@@ -47,7 +47,7 @@ class AttentionConfig:
 
     backend: str = "cached"
     correction: str = "none"
-    strength: float = 1.0
+    strength: float = 1.0  # scales the correction (1.0: the paper's; signed, any finite value)
     second_order: bool = False  # the b (1 - pi) correction (configs/correction/taylor2.yaml)
     calibration: Optional[str] = None  # path of a per-(layer, head) strength file (jensenkv.calibrate)
     probe_layers: Optional[list[int]] = None

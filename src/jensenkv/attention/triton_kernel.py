@@ -211,6 +211,18 @@ def _zero_convention(t: RTNTensor) -> tuple[int, float, float]:
     return 1, float(zero_offset(t.zero.dtype, t.bits)), 1.0
 
 
+def device_refusal(device: str) -> str | None:
+    """Why backend=triton cannot run on ``device`` (model.device, resolved), or None: the kernel needs the triton
+    package and a CUDA device, or TRITON_INTERPRET=1 to run it on the CPU (slowly)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package is not installed"
+    if not str(device).startswith("cuda") and not _interpret():
+        return f"it needs a CUDA device and model.device={device!r} (TRITON_INTERPRET=1 runs it on the CPU, slowly)"
+    return None
+
+
 def storage_refusal(key, value) -> str | None:
     """Why backend=triton cannot read a cache whose keys and values are quantized by ``key`` / ``value``
     (QuantConfigs), or None: what ``_check_storage`` would refuse at the first cached call, known from the

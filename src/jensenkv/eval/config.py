@@ -1,6 +1,7 @@
 """The eval node of the config tree: what a run generates and how it is scored (``eval/`` obeys it)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,12 +26,15 @@ class LpipsConfig:
 
 @dataclass
 class VBenchConfig:
-    dimensions: list[str] = field(default_factory=lambda: [
+    dimensions: list[str] = field(default_factory=lambda: [  # VBench dimensions scored with metric vbench
         "subject_consistency", "background_consistency", "imaging_quality", "aesthetic_quality",
         "temporal_flickering"])
-    device: Optional[str] = None  # null: the run's device
+    device: Optional[str] = None  # null: the run's device; else cpu, cuda or cuda:<n>
 
     def __post_init__(self) -> None:
+        if self.device is not None and not (isinstance(self.device, str)
+                                            and re.fullmatch(r"cpu|cuda(:\d+)?", self.device)):
+            fail("eval.vbench.device", self.device, "use null (the run's device), cpu, cuda or cuda:<n>")
         validate_dimensions(self.dimensions)
         self.dimensions = list(dict.fromkeys(self.dimensions))
 
@@ -39,10 +43,10 @@ class VBenchConfig:
 class EvalConfig:
     """What a run generates and how it is scored (configs/eval/*.yaml)."""
 
-    prompts: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # the prompts a run generates (configs/eval/*.yaml)
     num_prompts: Optional[int] = None  # use the first n prompts (null: all)
-    seeds: list[int] = field(default_factory=lambda: [0])
-    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
+    seeds: list[int] = field(default_factory=lambda: [0])  # every prompt is generated once per seed
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))  # drawn from METRICS
     lpips: LpipsConfig = field(default_factory=LpipsConfig)
     vbench: VBenchConfig = field(default_factory=VBenchConfig)
     fps: int = 8                       # frame rate of the saved mp4 files

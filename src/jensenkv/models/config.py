@@ -43,7 +43,7 @@ class ModelBase:
     """Which network runs, on what (the fields every family reads)."""
 
     kind: str = "tiny"                 # the family (jensenkv.models.registry.FAMILIES)
-    name: str = "tiny"
+    name: str = "tiny"                 # the model label of the results tables (configs/model/<name>.yaml)
     device: str = "auto"               # auto (cuda if available, else cpu) | cpu | cuda | cuda:<n>
     dtype: str = "float32"             # transformer and text encoder
 

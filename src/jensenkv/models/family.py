@@ -49,8 +49,8 @@ class CheckpointNode:
     path: Optional[str] = None         # a local folder, or a Hub id already in the Hugging Face cache
     cache_dir: Optional[str] = None    # the Hugging Face cache (null: HF_HUB_CACHE)
     height: Optional[int] = None       # pixels
-    width: Optional[int] = None
-    fps: Optional[int] = None
+    width: Optional[int] = None        # pixels
+    fps: Optional[int] = None          # frames per second the model is conditioned on (null: its default)
     vae_dtype: Optional[str] = None    # null: model.dtype
 
     @staticmethod

@@ -70,25 +70,25 @@ class QuantConfig:
     qvg_centroid_dtype: storage of the centroids; null: scale_dtype (the first QVG). Published QVG: bfloat16.
     """
 
-    method: str = "rtn"
-    bits: int = 2
-    granularity: str = "token_group"
+    method: str = "rtn"                # none (full precision) | rtn (round to nearest) | qvg (QuantVideoGen)
+    bits: int = 2                      # integer width of the codes: 2, 3, 4 or 8
+    granularity: str = "token_group"   # what shares a step and zero: tensor | token | token_group | channel
     group_size: int = 32
-    symmetric: bool = False
-    rotation: str = "none"
-    rotation_seed: int = 0
-    scale_dtype: str = "float16"
+    symmetric: bool = False            # a grid centred on 0 (no zero point) instead of min..max
+    rotation: str = "none"             # none | hadamard: a seeded random Hadamard rotation of the head dim first
+    rotation_seed: int = 0             # seed of the rotation's random signs
+    scale_dtype: str = "float16"       # storage of each group's step
     zero_dtype: str = "uint8"
     zero_point: Optional[str] = None
     dither: str = "none"
-    dither_seed: int = 0
+    dither_seed: int = 0               # seed of the dither offsets
     smoothing: str = "none"
-    qvg_centroids: int = 256
-    qvg_stages: int = 1
-    qvg_iters: int = 10
+    qvg_centroids: int = 256           # QVG: k-means centroids per chunk
+    qvg_stages: int = 1                # QVG: residual quantization stages
+    qvg_iters: int = 10                # QVG: Lloyd iterations (published: at most)
     qvg_seed: int = 0
     qvg_kmeans: str = "warm_start"
-    qvg_tol: float = 1e-4
+    qvg_tol: float = 1e-4              # QVG published: stop when fewer labels than this fraction change
     qvg_span: Optional[int] = None
     qvg_centroid_dtype: Optional[str] = None
     store_dtype: str = "float32"

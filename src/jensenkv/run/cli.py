@@ -106,10 +106,16 @@ def sweep_variants(args: Sequence[str]) -> list[list[str]] | None:
     enough to check each value once without expanding the product. Sweeps declared in the config
     (``hydra.sweeper.params``, e.g. experiment files) are included; command-line ones win.
     None when the arguments are not plain overrides (--cfg, --help, ...: Hydra's business)."""
+    return _sweep_plan(args)[1]
+
+
+def _sweep_plan(args: Sequence[str]) -> tuple[Any, list[list[str]] | None]:
+    """(the config composed from the non-swept overrides with its hydra node, ``sweep_variants``); (None, None)
+    when the arguments are not plain overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
-        return None
+        return None, None
     plain = [a for a in args if not a.startswith("-")]
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(plain)
@@ -124,31 +130,126 @@ def sweep_variants(args: Sequence[str]) -> list[list[str]] | None:
             try:
                 sweeps[key] = list(override.sweep_string_iterator())
             except Exception:  # noqa: BLE001 - range()/interval sweeps: Hydra expands them, skip the precheck
-                return None
+                return base, None
     first = [f"{k}={v[0]}" for k, v in sweeps.items()]
     variants = [fixed + first]
     for key, values in sweeps.items():
         for value in values[1:]:
             variants.append(fixed + [f"{k}={values[0] if k != key else value}" for k, values in sweeps.items()])
-    return variants
+    return base, variants
 
 
 def precheck(args: Sequence[str]) -> None:
     """Compose and validate every swept value before Hydra starts any job: one line for any bad value.
 
+    Also checked here, once: the environment variables the runs read, the override syntax (naming the
+    override), keys added with ``+`` (the schema has every key), the launcher (a multirun's), and each
+    variant's results dir (a folder that can be written, so no job waits on a lock it can never take).
     Raises ValueError (bad group option, unknown key, bad value, bad override syntax)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    check_environment()
+    check_override_syntax(args)
     check_group_overrides(args)
+    check_added_keys(args)
     try:
-        variants = sweep_variants(args)
+        base, variants = _sweep_plan(args)
+        if base is not None:
+            check_launcher(base.hydra, multirun="-m" in args or "--multirun" in args)
+        checked: set[str] = set()
+        plain = [a for a in args if not a.startswith("-")]
         for overrides in variants or []:
-            build_spec(compose_config(overrides))
+            # without sweeps the one variant is the base config already composed (composing is the slow part)
+            spec = build_spec(base if overrides == plain else compose_config(overrides))
+            if spec.paths.results_dir not in checked:
+                check_results_dir(spec.paths.results_dir)
+                checked.add(spec.paths.results_dir)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(_one_line(e)) from None
     except AssertionError:  # OmegaConf asserts when an override reaches into a null node
         raise ValueError(_null_parent(args)) from None
+
+
+def check_environment() -> None:
+    """The environment variables a run reads, checked before any job (each names itself in the error)."""
+    from jensenkv.tracking import lock_stale_after_s, resolve_wandb_mode
+
+    lock_stale_after_s()  # JENSENKV_LOCK_STALE_S
+    resolve_wandb_mode("offline")  # WANDB_MODE, which wins over logger.mode
+
+
+def check_override_syntax(args: Sequence[str]) -> None:
+    """Raise ValueError naming the first override Hydra's grammar cannot parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for arg in (a for a in args if not a.startswith("-")):
+        try:
+            parser.parse_override(arg)
+        except HydraException as e:
+            reason = " ".join(str(e).split("See https://")[0].split())
+            raise ValueError(f"override {arg!r} cannot be parsed ({reason}); quote values with spaces or "
+                             "brackets, see https://hydra.cc/docs/advanced/override_grammar/basic") from None
+
+
+def check_added_keys(args: Sequence[str]) -> None:
+    """``+key=value`` may add a key only where the schema has free mappings (``model.model_overrides``,
+    ``hydra.*``): every other key is in the schema already, so an added one is a typo, refused like
+    ``key=value`` for an unknown key."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from jensenkv.run.spec import unknown_schema_key
+
+    for override in OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")]):
+        key = override.key_or_group
+        if not override.is_add() or key.startswith("hydra") or "/" in key or key in CONFIG_GROUPS:
+            continue
+        unknown = unknown_schema_key(key)
+        if unknown is not None:
+            parent, name, allowed = unknown
+            raise ValueError(f"+{key} is not allowed: {parent or 'the config'} has no key {name!r}; "
+                             f"allowed keys: {allowed}")
+
+
+def check_launcher(hydra_node: Any, multirun: bool) -> None:
+    """A multirun's launcher settings that would otherwise fail after Hydra started: joblib's n_jobs, and
+    SLURM (submitit) on a machine without it."""
+    import shutil
+
+    from jensenkv.checks import is_int
+
+    multirun = multirun or "MULTIRUN" in str(hydra_node.get("mode"))
+    launcher = hydra_node.get("launcher") or {}
+    if not multirun:  # a single run ignores the launcher
+        return
+    if "n_jobs" in launcher and (not is_int(launcher.n_jobs) or launcher.n_jobs == 0):
+        fail("hydra.launcher.n_jobs", launcher.n_jobs, "a non-zero integer: jobs run at once (-1: every core)")
+    if "submitit" in str(launcher.get("_target_", "")).lower() and "slurm" in str(launcher._target_).lower() \
+            and shutil.which("srun") is None:
+        fail("hydra/launcher", hydra_node.runtime.choices.get("hydra/launcher", "slurm"),
+             "SLURM is not installed here (no srun on PATH): run it on the cluster's login node, or use "
+             "hydra/launcher=local_parallel")
+
+
+def check_results_dir(folder: str) -> None:
+    """The results dir must be a folder this process can create and write: refused now, not in a job that
+    would wait on a lock it can never take."""
+    import os
+    import tempfile
+
+    from jensenkv.tracking import describe_write_error
+
+    root = Path(folder).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        source = " (set by JENSENKV_RESULTS)" if os.environ.get("JENSENKV_RESULTS") == folder else ""
+        raise ValueError(describe_write_error(e, folder) + source) from None
 
 
 def _null_parent(args: Sequence[str]) -> str:

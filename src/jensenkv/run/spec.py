@@ -15,18 +15,21 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from jensenkv.calibration import check_calibration, strength_label
+from jensenkv.attention.backends import check_backend_device
+from jensenkv.calibration import check_calibration, load_calibration, strength_label
 from jensenkv.checks import fail
 from jensenkv.config import RunConfig, register_configs
 from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
 from jensenkv.models.registry import family
+from jensenkv.run.help import register_help_resolver
 from jensenkv.tracking import config_hash
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")
 
 register_configs()
+register_help_resolver()  # configs/config.yaml's hydra.help.template names it: every process that composes has it
 
 
 @dataclass
@@ -130,6 +133,10 @@ def resolve(config: RunConfig) -> RunSpec:
         if key.granularity == "channel" and key.method != "none" and key.group_size > tokens:
             fail("quant.group_size", key.group_size,
                  f"with granularity=channel it counts tokens and must be <= the {tokens} tokens of a chunk")
+    check_backend_device(spec.attention.backend, spec.model.device)  # this machine's: a GPU, or the interpreter
+    if geometry is not None and spec.attention.probe_layers and max(spec.attention.probe_layers) >= geometry.layers:
+        fail("attention.probe_layers", spec.attention.probe_layers,
+             f"layer indices must be < the {geometry.layers} layers of model {spec.model.name!r}")
     if spec.attention.calibration is not None:  # refused here, before any model is loaded
         shape = (geometry.layers, geometry.heads) if geometry is not None else None
         spec.calibration_digest = check_calibration(spec, shape).digest
@@ -152,12 +159,34 @@ def field_error_line(error: Exception) -> str:
     return f"{full_key}: {head}" if full_key else head
 
 
+def unknown_schema_key(key: str) -> tuple[str, str, list[str]] | None:
+    """(parent, name, the keys the parent has) for the first part of a dotted ``key`` the schema (RunConfig)
+    lacks; None when every part exists or the key reaches into a free mapping (``model.model_overrides``)."""
+    import typing
+
+    node: Any = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None
+        hints = typing.get_type_hints(node)
+        names = [f.name for f in dataclasses.fields(node)]
+        if part not in names:
+            return ".".join(parts[:i]), part, names
+        node = hints[part]
+        if typing.get_origin(node) is typing.Union:  # Optional[X]: X
+            node = next((a for a in typing.get_args(node) if a is not type(None)), None)
+    return None
+
+
 def build_spec(cfg: Any) -> RunSpec:
     """The composed Hydra config as the typed tree, resolved; raises ValueError naming the bad key,
     FileNotFoundError naming a missing weights or input file."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    named_calibration = OmegaConf.select(cfg, "attention.calibration", default=None) \
+        if isinstance(cfg, DictConfig) else None
     if isinstance(cfg, RunConfig):
         spec = cfg
     else:
@@ -179,6 +208,8 @@ def build_spec(cfg: Any) -> RunSpec:
             if cause is not None:
                 raise cause from None
             raise ValueError(field_error_line(e)) from None
+    if isinstance(named_calibration, str) and spec.attention.calibration is None:
+        load_calibration(named_calibration)  # ignored without a correction, but a path naming no file is a typo
     spec = resolve(spec)
     own = family(spec.model.kind)
     own.check_weights(spec.model)

@@ -46,9 +46,10 @@ class MagiModelConfig:
     frequency_embedding_size: int = 256
     rope_temperature: float = 10000.0
 
-    def validate(self) -> None:
+    def validate(self, prefix: str = "magi.") -> None:
+        """ValueError naming ``prefix + field`` (the config key the value came from), the value and why."""
         def bad(key: str, why: str) -> ValueError:
-            return ValueError(f"magi.{key}={getattr(self, key)!r} is not allowed: {why}")
+            return ValueError(f"{prefix}{key}={getattr(self, key)!r} is not allowed: {why}")
 
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads", "head_dim",
                     "in_channels", "out_channels", "patch_size", "t_patch_size", "caption_channels",
@@ -128,11 +129,12 @@ SPATIAL_DOWNSAMPLE = 8  # the ViT VAE: 8x spatial
 PRESET_VARIANTS = {"4.5B": "4.5B_base", "4.5B_distill": "4.5B_distill", "24B": "24B_base", "24B_distill": "24B_distill"}
 
 
-def model_preset(name: str, **overrides: Any) -> MagiModelConfig:
+def model_preset(name: str, prefix: str = "magi.", **overrides: Any) -> MagiModelConfig:
+    """Preset ``name`` with ``overrides`` applied, validated (errors name ``prefix + field``)."""
     if name not in PRESETS:
         raise ValueError(f"magi preset={name!r} is not allowed: use one of {tuple(PRESETS)}")
     cfg = replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
-    cfg.validate()
+    cfg.validate(prefix)
     return cfg
 
 

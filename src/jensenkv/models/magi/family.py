@@ -22,12 +22,12 @@ class MagiNode(CheckpointNode):
     variant: Optional[str] = None      # checkpoint folder under ckpt/magi/ (null: the preset's)
     t5_path: Optional[str] = None      # T5 folder (null: <path>/ckpt/t5/t5-v1_1-xxl)
     vae_path: Optional[str] = None     # ViT VAE folder (null: <path>/ckpt/vae)
-    vae_latent_scale: Optional[float] = None
-    special_tokens_file: Optional[str] = None
-    special_tokens: Optional[list[str]] = None
+    vae_latent_scale: Optional[float] = None  # latents x this before the DiT (null: 0.18215)
+    special_tokens_file: Optional[str] = None  # special_tokens.npz of the MAGI-1 code repo
+    special_tokens: Optional[list[str]] = None  # its tokens prepended to every caption (null: none)
     model_overrides: Optional[dict[str, Any]] = None  # MagiModelConfig fields replaced in the preset
     latent_height: Optional[int] = None  # tiny: latent frame size (real presets: height / 8)
-    latent_width: Optional[int] = None
+    latent_width: Optional[int] = None  # tiny: latent frame width (null: latent_height)
     seed: Optional[int] = None         # tiny: seed of the random initialisation
 
 
@@ -61,7 +61,7 @@ class MagiFamily(ModelFamily):
         unknown = sorted(set(overrides) - set(allowed))
         if unknown:
             fail("model.model_overrides", dict(overrides), f"{unknown} are not MAGI-1 model fields; use {allowed}")
-        return model_preset(model.preset, **overrides)
+        return model_preset(model.preset, prefix="model.model_overrides.", **overrides)
 
     def geometry(self, model: Any, generation: Any) -> Geometry | None:
         try:

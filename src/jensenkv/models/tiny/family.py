@@ -6,16 +6,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from jensenkv.checks import fail
 from jensenkv.models.family import Geometry, ModelFamily, file_digest
 from jensenkv.models.wan.family import transformer_geometry
 from jensenkv.models.tiny.paths import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE
+
+
+# what the loader and the geometry read of config.json: section -> keys (weights.load_tiny, transformer_geometry)
+CONFIG_KEYS = {"transformer": ("patch_size", "num_attention_heads", "attention_head_dim", "num_layers"),
+               "text": ("vocab", "max_length", "text_dim"), "data": ("height", "width")}
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 @dataclass
 class TinyNode:
     """kind "tiny": the built-in model (weights_dir: its folder; null: the packaged weights)."""
 
-    weights_dir: Optional[str] = None
+    weights_dir: Optional[str] = None  # folder of model.safetensors + config.json (null: the packaged weights)
 
 
 class TinyFamily(ModelFamily):
@@ -44,12 +54,32 @@ class TinyFamily(ModelFamily):
             return None
 
     def check_weights(self, model: Any) -> None:
+        """Both files there and readable, cheaply: config.json with every key the loader reads, and the
+        safetensors header (a truncated, garbled or empty file fails here, not after the job started)."""
+        from safetensors import safe_open
+
         folder = self.folder(model)
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"model.weights_dir={str(folder)!r}: {name} is missing there "
                                         "(`make train-tiny` writes the built-in model's weights; null uses the "
                                         "packaged ones)")
+        restore = "restore it or run `make train-tiny` (null uses the packaged weights)"
+        try:
+            stored = json.loads((folder / CONFIG_FILE).read_text())
+        except (OSError, ValueError) as e:  # not JSON, not UTF-8, unreadable
+            fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} cannot be read ({_one_line(e)}); {restore}")
+        missing = [f"{section}.{key}" for section, keys in CONFIG_KEYS.items() for key in keys
+                   if not isinstance(stored, dict) or not isinstance(stored.get(section), dict)
+                   or key not in stored[section]]
+        if missing:
+            fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} lacks {missing}; {restore}")
+        try:
+            with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
+                weights.keys()
+        except Exception as e:  # noqa: BLE001 - SafetensorError, or a header that is not JSON
+            fail("model.weights_dir", str(folder), f"its {WEIGHTS_FILE} cannot be read, the file is truncated, "
+                 f"garbled or empty ({_one_line(e)}); {restore}")
 
     def files(self, model: Any) -> list[tuple[Path, bool]]:
         folder = self.folder(model)

@@ -35,9 +35,9 @@ class WanNode(CheckpointNode):
     optionally replaces the transformer weights with an original-format Wan state dict."""
 
     transformer_class: Optional[str] = None  # SkyReelsV2Transformer3DModel | WanTransformer3DModel
-    max_sequence_length: Optional[int] = None
-    transformer_subfolder: Optional[str] = None
-    transformer_checkpoint: Optional[str] = None
+    max_sequence_length: Optional[int] = None   # T5 prompt tokens (null: 512)
+    transformer_subfolder: Optional[str] = None  # the transformer's folder inside path (null: transformer)
+    transformer_checkpoint: Optional[str] = None  # an original-format Wan state dict replacing its weights
     checkpoint_key: Optional[str] = None   # the state dict inside transformer_checkpoint (e.g. generator_ema)
 
 

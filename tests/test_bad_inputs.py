@@ -1,0 +1,55 @@
+"""Every bad input of tests/data/bad_inputs.yaml stops ``python -m jensenkv.run`` in one line naming its key,
+exit 2, before Hydra starts any job (the pre-check only: composing configs and reading file headers)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bad_inputs", ROOT / "scripts" / "bad_inputs.py")
+bad_inputs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bad_inputs)
+TABLE = bad_inputs.load_table()
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> dict[str, str]:
+    return bad_inputs.make_fixtures(tmp_path_factory.mktemp("bad_inputs"))
+
+
+def test_table_covers_the_issue_and_its_neighbours():
+    names = [e["name"] for e in TABLE]
+    assert len(names) == len(set(names)) and len(names) >= 60
+    assert all(e.get("key") for e in TABLE)
+    assert {"hang", "traceback", "accepted", "after launch", "unclear", "sweep", "neighbour"} <= \
+        {e["item"] for e in TABLE}
+
+
+# the issue's own items run in the fast suite; their neighbours (composition errors test_configs also covers)
+# with the slow tests, so the table adds ~10 s to `make test`
+CASES = [pytest.param(e, id=e["name"], marks=[pytest.mark.slow] if e["item"] == "neighbour" else [])
+         for e in TABLE]
+
+
+@pytest.mark.parametrize("entry", CASES)
+def test_bad_input_stops_in_one_line_before_any_job(entry, fixtures, tmp_path, monkeypatch, capsys):
+    import jensenkv.run.summary
+    from jensenkv.run.cli import main
+
+    def launched(*args, **kwargs):
+        raise AssertionError(f"the pre-check let {entry['name']} through to Hydra")
+
+    monkeypatch.setattr(jensenkv.run.summary, "run_with_summary", launched)
+    monkeypatch.setenv("JENSENKV_RESULTS", str(tmp_path / "results"))
+    args, env = bad_inputs.expand(entry, fixtures)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    assert stopped.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert entry["key"] in lines[0], lines[0]
+    assert not (tmp_path / "results" / "runs").exists()  # no job wrote anything
