@@ -64,7 +64,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) scripts/sample_frames.py
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
-	$(PY) -m jensenkv.report.videos --figure results/figures/video_strip.png  # BF16 | quantized | corrected -> results/videos/
+	$(PY) -m jensenkv.report.videos --figure  # -> results/figures/video_strip.png; BF16 | quantized | corrected -> results/videos/
 
 train-tiny: setup ## retrain the built-in model (about 70 min on 2 CPU cores)
 	$(PY) scripts/train_tiny.py

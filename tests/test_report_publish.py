@@ -238,6 +238,7 @@ def test_left_out_lines_name_the_differing_fields_grouped(tmp_path):
 # --- claim 3's hint composes to the missing run -----------------------------------------------------------
 def test_claim_3_hint_composes_to_the_missing_run(tmp_path):
     from jensenkv.report.hints import fill_overrides, twin_identity
+    from report_testkit import explain_missing
     from jensenkv.run import preset
 
     def write(*overrides: str):  # a record as the runner writes it, per-video PSNR over the identity's videos
@@ -245,10 +246,10 @@ def test_claim_3_hint_composes_to_the_missing_run(tmp_path):
         identity = spec.identity()
         videos = [{"index": i, "prompt": p, "seed": s, "metrics": {"psnr": 30.0 + i % 5}, "missing": {}}
                   for i, (p, s) in enumerate((p, s) for p in identity["prompts"] for s in identity["seeds"])]
-        ResultsStore(tmp_path).write_record({
+        ResultsStore(tmp_path).write_record(explain_missing({
             "run_id": spec.run_id, "experiment_name": spec.experiment_name, "identity": identity,
             "labels": spec.labels(), "metrics": {"psnr": 32.0, "effective_bits": 2.75}, "missing": {},
-            "per_prompt": videos, "created_at": "2026-12-01T00:00:00+00:00"})
+            "per_prompt": videos, "created_at": "2026-12-01T00:00:00+00:00"}))
         return spec
 
     write("correction=none")
@@ -294,9 +295,16 @@ def test_figures_refuse_to_mix_models(tmp_path):
 
     root = build_store(tmp_path / "results")
     build_store(root, model="second-model")
-    with pytest.raises(ValueError, match="--model=None is not allowed: one of the store's models"):
-        figures.build_figures(root)
     runs = load_results(root)
+    chosen = sorted(set(runs["model"]))[0]  # neither is the built-in model: the first, sorted (model_choice)
+    built = figures.build_figures(root)
+    assert built.model == chosen
+    titles = {name: (fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title())
+              for name, fig in built.figures.items() if name != "jensen_bias"}
+    assert titles and all(t.startswith(f"{chosen}:") for t in titles.values()), titles
+    built.close()
+    with pytest.raises(ValueError, match="--model='nope' is not allowed"):
+        figures.build_figures(root, model="nope")
     assert figures.choose_model(runs, "second-model") == "second-model"
     selection = figures.rtn_runs(runs, "second-model", root)
     assert set(selection.runs["model"]) == {"second-model"}

@@ -92,15 +92,25 @@ def test_strips_are_written_as_video_and_contact_sheet(two_models, tmp_path):
         assert (panel.float() - expected.float()).abs().mean() < 8  # the right video in each column
 
 
-def test_the_command_names_where_the_strips_are(two_models, tmp_path, capsys):
+def test_the_command_names_where_the_strips_are(two_models, tmp_path, capsys, monkeypatch):
     from jensenkv.report.videos import main
 
     results, _ = two_models
-    main(["--results", str(results), "--model", "a-second-model", "--out", str(tmp_path / "v"),
-          "--row", "qvg INT2 g32", "--figure", str(tmp_path / "figures" / "video_strip.png")])
+    args = ["--results", str(results), "--model", "a-second-model", "--strips", str(tmp_path / "v"),
+            "--row", "qvg INT2 g32", "--figure", "--out", str(tmp_path / "o")]
+    main(args)  # the store holds Table 1's rows: the figure is the committed one
     out = capsys.readouterr().out
     assert f"1 strip of a-second-model (BF16 | quantized | taylor) under {tmp_path / 'v' / 'a-second-model'}" in out
-    assert (tmp_path / "figures" / "video_strip.png").stat().st_size > 5_000
+    assert (tmp_path / "o" / "figures" / "video_strip.png").stat().st_size > 5_000
+    before = (tmp_path / "o" / "figures" / "video_strip.png").read_bytes()
+    import jensenkv.report.table1 as table1
+
+    monkeypatch.setattr(table1, "missing_rows", lambda *a, **k: ["rtn INT2 g32 (no run)"])
+    with pytest.raises(SystemExit, match=r"incomplete: video_strip is incomplete, missing: rtn INT2 g32 \(no run\)"):
+        main(args)  # a store lacking part of Table 1: partial/, never over the committed figure
+    assert (tmp_path / "o" / "figures" / "video_strip.png").read_bytes() == before
+    assert (tmp_path / "o" / "partial" / "figures" / "video_strip.png").stat().st_size > 5_000
+    assert (tmp_path / "o" / "partial" / "video_strip.why.txt").read_text().count("\n") == 1
     with pytest.raises(SystemExit, match="--model='nope' is not allowed"):
         main(["--results", str(results), "--model", "nope"])
     with pytest.raises(SystemExit, match=r"--row=\['rtn INT9'\] is not allowed: use rows of tiny's options"):

@@ -217,20 +217,23 @@ def write_strips(results_dir: str | Path, out_dir: str | Path | None = None, mod
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m jensenkv.report.videos`` (``make reproduce-table1`` runs it after the report)."""
+    from jensenkv.report.publish import Part, add_store_args, publish
+    from jensenkv.report.table1 import missing_rows
+
     parser = argparse.ArgumentParser(description="BF16 | quantized | corrected video strips, one per prompt")
-    parser.add_argument("--results", default=os.environ.get("JENSENKV_RESULTS") or "results",
-                        help="results directory with runs/ (default: $JENSENKV_RESULTS, else results)")
+    add_store_args(parser, "where --figure's figures/video_strip.png goes")
     parser.add_argument("--model", default=None, help="the model shown (default: the built-in model, else the first)")
     parser.add_argument("--correction", default="taylor", help="the corrected column (default: taylor)")
-    parser.add_argument("--out", default=None, help=f"where the strips go (default: <results>/{STRIP_DIR})")
+    parser.add_argument("--strips", default=None, help=f"where the strips go (default: <results>/{STRIP_DIR})")
     parser.add_argument("--row", action="append", default=None,
                         help='only this row (repeatable), named as in claims.md, e.g. "rtn INT2 g32" (default: all)')
     parser.add_argument("--fps", type=float, default=None, help="frames per second (default: the runs' videos')")
-    parser.add_argument("--figure", default=None,
-                        help="also copy the first strip's contact sheet here (e.g. results/figures/video_strip.png)")
+    parser.add_argument("--figure", action="store_true",
+                        help="also publish the first strip's contact sheet as <out>/figures/video_strip.png "
+                             "(from a store holding all of Table 1; else under <out>/partial/)")
     args = parser.parse_args(argv)
     try:
-        model, written, skipped = write_strips(args.results, args.out, args.model, args.correction, args.fps,
+        model, written, skipped = write_strips(args.results, args.strips, args.model, args.correction, args.fps,
                                                args.row)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
@@ -241,10 +244,14 @@ def main(argv: list[str] | None = None) -> None:
     where = written[0].parent.parent
     print(f"{len(written)} strip{'s' if len(written) != 1 else ''} of {model} (BF16 | quantized | {args.correction}) under {where}: "
           f"<setting>/<prompt>.mp4 and .png")
-    if args.figure:
-        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(written[0].with_suffix(".png"), args.figure)
-        print(f"figure: {args.figure} ({written[0].with_suffix('.png')})")
+    if args.figure:  # a committed figure: the one rule of report.publish (Table 1's runs, else partial/)
+        sheet = written[0].with_suffix(".png")
+        part = Part("video_strip", {"figures/video_strip.png": lambda path: shutil.copyfile(sheet, path)},
+                    missing_rows(args.results, correction=args.correction))
+        published = publish(args.out or args.results, [part])
+        print(f"figure: {published.paths['figures/video_strip.png']} ({sheet})")
+        if not published.complete:
+            raise SystemExit(f"incomplete: {part.why}")
 
 
 if __name__ == "__main__":
