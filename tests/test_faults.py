@@ -105,6 +105,19 @@ def test_ctrl_c_prints_one_line_and_the_summary_with_what_was_resumed(tmp_path, 
                       "resumed 1 run with finished videos (1 of 2 videos kept)")
 
 
+def test_ctrl_c_while_checking_is_one_line(monkeypatch, capsys):
+    from jensenkv.run import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "precheck", interrupted)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["quant.bits=2"])
+    assert info.value.code == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted: before any job started (while checking the values)"]
+
+
 # --- 3. calibration: --out is checked before any video --------------------------------------------------
 @pytest.mark.parametrize("where", ["under a file", "/proc", "a folder"])
 def test_calibrate_refuses_an_unwritable_out_before_any_video(tmp_path, monkeypatch, capsys, where):

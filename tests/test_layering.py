@@ -12,13 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS = (
-    ("foundation", ("jensenkv", "checks", "readiness", "calibration", "quant", "correction")),
+    ("foundation", ("jensenkv", "checks", "hashing", "readiness", "calibration", "quant", "correction")),
     ("cache", ("cache",)),
     ("attention", ("attention",)),
     ("generation", ("generation", "generate", "teacher_forced")),
     ("models", ("models",)),
     ("eval", ("eval",)),
-    ("tracking", ("tracking",)),
+    ("tracking", ("record_check", "tracking")),
     ("config and report", ("config", "report")),
     ("run", ("run",)),
     ("command lines", ("doctor", "calibrate", "bench")),

@@ -308,3 +308,14 @@ def test_figures_refuse_to_mix_models(tmp_path):
     assert figures.choose_model(runs, "second-model") == "second-model"
     selection = figures.rtn_runs(runs, "second-model", root)
     assert set(selection.runs["model"]) == {"second-model"}
+
+
+def test_a_killed_reports_staging_folder_is_removed_by_the_next_report(tmp_path):
+    from jensenkv.report.publish import Part, publish, text_file
+
+    old, fresh = tmp_path / ".report.abc.tmp", tmp_path / ".report.def.tmp"
+    for folder in (old, fresh):
+        (folder / "0").mkdir(parents=True)
+    os.utime(old, (0, 0))  # left by a kill long ago; ``fresh`` may belong to a report running now
+    publish(tmp_path, [Part("t", {"t.md": text_file("x")})])
+    assert not old.exists() and fresh.exists() and (tmp_path / "t.md").read_text() == "x"

@@ -82,6 +82,7 @@ def publish(out: str | Path, parts: Sequence[Part], allow_incomplete: bool = Fal
     (``destination``); an exception while building leaves every destination as it was."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".report.", suffix=".tmp"))
     try:
         moves: list[tuple[Path, Path, str]] = []  # (built file, destination, relative name)
@@ -105,6 +106,25 @@ def publish(out: str | Path, parts: Sequence[Part], allow_incomplete: bool = Fal
         return published
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove staging folders a killed report left in ``out``: those untouched for longer than the lock's stale
+    limit (a live report's folder is minutes old at most)."""
+    import time
+
+    from jensenkv.tracking import lock_stale_after_s
+
+    limit = time.time() - lock_stale_after_s()
+    removed = []
+    for folder in out.glob(".report.*.tmp"):
+        try:
+            if folder.is_dir() and folder.stat().st_mtime < limit:
+                shutil.rmtree(folder)
+                removed.append(folder)
+        except OSError:  # best effort: a folder another process removes first, or a read-only store
+            continue
+    return removed
 
 
 def _umask() -> int:

@@ -312,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as e:  # checked before Hydra starts any job
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C while checking: nothing has started, nothing to summarise
+        print("interrupted: before any job started (while checking the values)", file=sys.stderr)
+        sys.exit(130)
     sys.argv = [sys.argv[0], *args]
     from jensenkv.run.summary import run_with_summary  # done / skipped / failed / missing; non-zero if missing
 

@@ -68,17 +68,17 @@ class TinyFamily(ModelFamily):
         try:
             stored = json.loads((folder / CONFIG_FILE).read_text())
         except (OSError, ValueError) as e:  # not JSON, not UTF-8, unreadable
-            fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} cannot be read ({_one_line(e)}); {restore}")
+            fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} ({folder / CONFIG_FILE}) cannot be read ({_one_line(e)}); {restore}")
         missing = [f"{section}.{key}" for section, keys in CONFIG_KEYS.items() for key in keys
                    if not isinstance(stored, dict) or not isinstance(stored.get(section), dict)
                    or key not in stored[section]]
         if missing:
-            fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} lacks {missing}; {restore}")
+            fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} ({folder / CONFIG_FILE}) lacks {missing}; {restore}")
         try:
             with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
                 weights.keys()
         except Exception as e:  # noqa: BLE001 - SafetensorError, or a header that is not JSON
-            fail("model.weights_dir", str(folder), f"its {WEIGHTS_FILE} cannot be read, the file is truncated, "
+            fail("model.weights_dir", str(folder), f"its {WEIGHTS_FILE} ({folder / WEIGHTS_FILE}) cannot be read, the file is truncated, "
                  f"garbled or empty ({_one_line(e)}); {restore}")
 
     def files(self, model: Any) -> list[tuple[Path, bool]]:
