@@ -19,7 +19,7 @@ LAYERS = (
     ("models", ("models",)),
     ("eval", ("eval",)),
     ("tracking", ("record_check", "tracking")),
-    ("config and report", ("config", "report")),
+    ("config and report", ("config", "config_help", "spec", "report")),
     ("run", ("run",)),
     ("command lines", ("doctor", "calibrate", "bench")),
 )

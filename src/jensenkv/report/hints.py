@@ -20,7 +20,7 @@ TRIES = 3
 @lru_cache(maxsize=256)
 def _identity(overrides: tuple[str, ...]) -> dict | None:
     """The run identity ``python -m jensenkv.run <overrides>`` would have (None when they do not compose)."""
-    from jensenkv.run.spec import build_spec, compose_config
+    from jensenkv.spec import build_spec, compose_config
 
     try:
         return build_spec(compose_config(list(overrides))).identity()
@@ -29,7 +29,7 @@ def _identity(overrides: tuple[str, ...]) -> dict | None:
 
 
 def _quant_presets() -> list[str]:
-    from jensenkv.run.spec import CONFIG_DIR
+    from jensenkv.spec import CONFIG_DIR
 
     return sorted(p.stem for p in (CONFIG_DIR / "quant").glob("*.yaml"))
 
@@ -39,7 +39,7 @@ def _preset_settings(name: str) -> dict:
     """The fields a quant preset's YAML sets, its parents' (``defaults``) first."""
     from omegaconf import OmegaConf
 
-    from jensenkv.run.spec import CONFIG_DIR
+    from jensenkv.spec import CONFIG_DIR
 
     conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "quant" / f"{name}.yaml"))
     out: dict = {}
@@ -60,7 +60,7 @@ def candidate_presets(key: dict) -> list[str]:
 
 
 def _experiments() -> set[str]:
-    from jensenkv.run.spec import CONFIG_DIR
+    from jensenkv.spec import CONFIG_DIR
 
     return {p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")}
 

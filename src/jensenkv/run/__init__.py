@@ -33,7 +33,7 @@ from jensenkv.run.cli import (
     task,
 )
 from jensenkv.run.runner import Runner, save_mp4
-from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, resolve
+from jensenkv.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, resolve
 
 __all__ = [
     "CONFIG_DIR",

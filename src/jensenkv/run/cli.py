@@ -13,7 +13,7 @@ from typing import Any
 
 from jensenkv.run.runner import Runner
 from jensenkv.checks import fail
-from jensenkv.run.spec import CONFIG_DIR, CONFIG_GROUPS, build_spec, compose_config
+from jensenkv.spec import CONFIG_DIR, CONFIG_GROUPS, build_spec, compose_config
 
 
 def preset(*overrides: str) -> Any:
@@ -80,7 +80,7 @@ def _one_line(error: Exception) -> str:
     unknown = re.match(r"Could not override '([\w.]+)'", line)
     cause = error.__cause__
     if not unknown and cause is not None and "full_key:" in str(cause):  # a typed field refused the value
-        from jensenkv.run.spec import field_error_line as field_error
+        from jensenkv.spec import field_error_line as field_error
 
         return f"{line}: {field_error(cause)}"
     if unknown:
@@ -200,7 +200,7 @@ def check_added_keys(args: Sequence[str]) -> None:
     ``key=value`` for an unknown key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from jensenkv.run.spec import unknown_schema_key
+    from jensenkv.spec import unknown_schema_key
 
     for override in OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")]):
         key = override.key_or_group

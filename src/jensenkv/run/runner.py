@@ -17,7 +17,7 @@ from typing import Any
 from jensenkv.eval.video_files import save_mp4, save_upscaled
 from jensenkv.models.registry import family
 from jensenkv.run.done_line import done_line
-from jensenkv.run.spec import RunSpec
+from jensenkv.spec import RunSpec
 
 log = logging.getLogger("jensenkv.run")
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention

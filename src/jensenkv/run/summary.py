@@ -41,7 +41,7 @@ def _job_overrides(args: Sequence[str]) -> list[list[str]] | None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from jensenkv.run.spec import compose_config
+    from jensenkv.spec import compose_config
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
         return None
@@ -67,7 +67,7 @@ def _label(spec) -> str:
 
 def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
     """The distinct runs of the command, and whether each was finished before it started; None if unknown."""
-    from jensenkv.run.spec import build_spec, compose_config
+    from jensenkv.spec import build_spec, compose_config
     from jensenkv.tracking import ResultsStore, resolve_wandb_mode
 
     try:

@@ -22,10 +22,10 @@ from jensenkv.config import RunConfig, register_configs
 from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
 from jensenkv.models.registry import family
-from jensenkv.run.help import register_help_resolver
+from jensenkv.config_help import register_help_resolver
 from jensenkv.tracking import config_hash
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # src/jensenkv/spec.py -> the checkout
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")
 
 register_configs()
