@@ -233,6 +233,15 @@ def _process_started(pid: int) -> float | None:
         return float("nan")  # alive, start time unknown
 
 
+def probe_writable(folder: str | os.PathLike) -> None:
+    """Create ``folder`` and write then remove a temporary file in it: OSError when it cannot be written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(probe)
+
+
 class FileLock:
     """A lease on a lock file, so parallel sweep jobs (local or SLURM, on any host) never do the same work.
 
@@ -555,12 +564,8 @@ class ResultsStore:
 
     def check_writable(self, run_id: str) -> None:
         """Fail in one line, before any work, when the run's folder cannot be written."""
-        folder = self.run_dir(run_id)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.", suffix=".tmp")
-            os.close(fd)
-            os.unlink(probe)
+            probe_writable(self.run_dir(run_id))
         except OSError as e:
             raise ResultsWriteError(describe_write_error(e, self.root)) from None
 

@@ -237,16 +237,11 @@ def check_results_dir(folder: str) -> None:
     """The results dir must be a folder this process can create and write: refused now, not in a job that
     would wait on a lock it can never take."""
     import os
-    import tempfile
 
-    from jensenkv.tracking import describe_write_error
+    from jensenkv.tracking import describe_write_error, probe_writable
 
-    root = Path(folder).expanduser()
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=root, prefix=".probe.", suffix=".tmp")
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable(Path(folder).expanduser())
     except OSError as e:
         source = " (set by JENSENKV_RESULTS)" if os.environ.get("JENSENKV_RESULTS") == folder else ""
         raise ValueError(describe_write_error(e, folder) + source) from None
