@@ -110,7 +110,7 @@ def test_auto_on_a_gpu_fills_the_free_memory_by_the_per_video_model(monkeypatch)
     from jensenkv.models import family as family_module
     from jensenkv.models.config import ModelConfig
     from jensenkv.models.registry import family
-    from jensenkv.run.spec import resolve
+    from jensenkv.spec import resolve
 
     spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
     per_video = family_module.video_bytes(spec)

@@ -15,7 +15,7 @@ from jensenkv.attention.config import layer_strengths
 from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
 from jensenkv.config import AttentionConfig
 from jensenkv.run import compose_config, run_overrides
-from jensenkv.run.spec import build_spec
+from jensenkv.spec import build_spec
 from pipeline_testkit import FAST, fast_overrides
 
 S_TRUE = np.array([[-2.0, 0.5, 1.0], [3.0, -0.7, 0.25]])  # (L, H): signed

@@ -152,3 +152,21 @@ def test_a_damaged_per_video_result_is_made_again(store, tmp_path, caplog):
     assert f"damaged run {run_id}" in caplog.text and str(garbled) in caplog.text
     assert ResultsStore(root).damage(run_id) is None and len(record["per_prompt"]) == 2
     assert record["per_prompt"][1]["metrics"] == pytest.approx(store["record"]["per_prompt"][1]["metrics"], rel=1e-3)
+
+
+def test_a_kept_verdict_does_not_outlive_an_edit(store, tmp_path):
+    """damage() keeps its verdict by the files' stat (a plan, its runner and its summary read attention.csv once);
+    an edit in place that keeps the file's size and inode still reaches the next call."""
+    root = tmp_path / "results"
+    shutil.copytree(store["root"], root)
+    run_id = store["record"]["run_id"]
+    csv = ResultsStore(root).run_dir(run_id) / "attention.csv"
+    assert ResultsStore(root).damage(run_id) is None
+    inode, size = csv.stat().st_ino, csv.stat().st_size
+    with open(csv, "r+b") as f:  # same inode, same size
+        data = f.read()
+        f.seek(0)
+        f.write(_text_value(data))
+    assert (csv.stat().st_ino, csv.stat().st_size) == (inode, size)
+    assert "holds text where numbers belong" in str(ResultsStore(root).damage(run_id))
+    assert not ResultsStore(root).has_record(run_id)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from jensenkv.run.spec import compose_config, resolve
+from jensenkv.spec import compose_config, resolve
 from jensenkv.tracking import config_hash
 
 REPO = Path(__file__).resolve().parents[1]

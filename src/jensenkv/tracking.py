@@ -451,6 +451,24 @@ class FileLock:
 
 
 # --- the local results store -------------------------------------------------------------------------
+# Verdicts of ResultsStore.damage, by the stat of a run's record and attention.csv: any rewrite changes the key.
+_DAMAGE_VERDICTS: dict[tuple, DamagedRunError | None] = {}
+_DAMAGE_VERDICTS_KEPT = 4096
+
+
+def _damage_key(run_dir: Path) -> tuple | None:
+    """(run dir, stat of record.json, stat of attention.csv or None); None when the run has no record."""
+    def stat(path: Path) -> tuple | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    record = stat(run_dir / RECORD_FILE)
+    return None if record is None else (str(run_dir), record, stat(run_dir / ATTENTION_FILE))
+
+
 class ResultsStore:
     """The results directory: run records, per-prompt partial results and BF16 references."""
 
@@ -477,14 +495,21 @@ class ResultsStore:
 
     def damage(self, run_id: str) -> DamagedRunError | None:
         """Why a finished run is damaged: its record and side files (attention.csv read whole) checked against
-        its run id; None when it is sound or has no record."""
-        if not self.record_path(run_id).exists():
+        its run id; None when it is sound or has no record. The verdict is kept while the two files keep their
+        stat, so a plan, its runner and its summary read attention.csv once."""
+        key = _damage_key(self.run_dir(run_id))
+        if key is None:  # no record
             return None
-        try:
-            read_attention(run_id, self.run_dir(run_id), self.read_record(run_id))
-        except DamagedRunError as e:
-            return e
-        return None
+        if key not in _DAMAGE_VERDICTS:
+            try:
+                read_attention(run_id, self.run_dir(run_id), self.read_record(run_id))
+                verdict = None
+            except DamagedRunError as e:
+                verdict = e
+            if len(_DAMAGE_VERDICTS) >= _DAMAGE_VERDICTS_KEPT:
+                _DAMAGE_VERDICTS.clear()
+            _DAMAGE_VERDICTS[key] = verdict
+        return _DAMAGE_VERDICTS[key]
 
     def read_record(self, run_id: str) -> dict:
         """The run's record, checked against its run id (its side files by size): DamagedRunError naming the

@@ -16,7 +16,7 @@ the value and what is allowed, before any model is loaded.
 Heavy libraries (torchmetrics, diffusers, the model code) are imported inside the functions that use
 them, so that validation -- and its error for bad input -- takes seconds.
 
-Modules: ``spec`` (config -> the tree, resolved against the model's files into a RunSpec and its id), ``runner`` (references, generation, metrics,
+Modules (the run's specification, config -> RunSpec and its id, is ``jensenkv.spec``): ``runner`` (references, generation, metrics,
 record, W&B), ``cli`` (precheck of every swept value, the Hydra task, the compose-API entry).
 """
 from __future__ import annotations
