@@ -308,3 +308,30 @@ def test_killing_a_parallel_sweep_stops_its_workers(tmp_path, tiny_weights):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed check left running
+
+
+def test_a_run_taken_over_by_another_process_writes_nothing_more(tmp_path, tiny_weights, monkeypatch, caplog):
+    """A holder whose lease went stale (suspended, a slow disk) and was taken over stops before its next video
+    and never writes the record: the process that took the run over finishes it."""
+    from jensenkv.run import run_overrides
+    from jensenkv.run.runner import Runner
+
+    monkeypatch.setenv("JENSENKV_LOCK_STALE_S", "0.4")  # a beat every 0.1 s
+    results = tmp_path / "results"
+    original = Runner.prompt_results
+
+    def first_video_then_taken_over(self, batch):
+        original(self, batch)
+        lock = self.store.run_lock(self.run_id).path
+        lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "heartbeat": time.time() + 60, "token": "other"}))
+        time.sleep(0.6)  # the holder's heartbeat reads the foreign token
+
+    monkeypatch.setattr(Runner, "prompt_results", first_video_then_taken_over)
+    caplog.set_level(logging.INFO, logger="jensenkv")
+    record = run_overrides(fast_overrides(results, tiny_weights, "eval.seeds=[0,1]", "generation.batch_size=1"))
+    store = ResultsStore(results)
+    (run_id,) = [p.name for p in store.runs_dir.iterdir()]
+    assert record is None and not store.record_path(run_id).exists()
+    assert store.prompt_result_path(run_id, 0).exists() and not store.prompt_result_path(run_id, 1).exists()
+    assert "lost the lock" in caplog.text and f"run {run_id} was taken over by another process" in caplog.text
+    assert json.loads(store.run_lock(run_id).path.read_text())["token"] == "other"  # its lock is left alone

@@ -12,12 +12,15 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jensenkv.eval.video_files import save_mp4, save_upscaled
 from jensenkv.models.registry import family
 from jensenkv.run.done_line import done_line
 from jensenkv.spec import RunSpec
+
+if TYPE_CHECKING:
+    from jensenkv.tracking import FileLock
 
 log = logging.getLogger("jensenkv.run")
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
@@ -366,7 +369,11 @@ class Runner:
             if self.store.has_record(self.run_id):  # finished while we waited for the lock
                 record = self.store.read_record(self.run_id)
             else:
-                record = self.execute()
+                record = self.execute(lock)
+            if record is None:  # another process took the run over (our lease went stale): it writes the record
+                log.warning("run %s was taken over by another process (%s): leaving the run to it", self.run_id,
+                            lock.describe_holder())
+                return None
             if self.wandb_pending():
                 self.log_wandb(record)
         except OSError as e:
@@ -384,8 +391,9 @@ class Runner:
         log.info("run %s done: %s", self.run_id, done_line(record))
         return record
 
-    def execute(self) -> dict:
-        """Generate and score every prompt (resuming), write the record; call it holding the run's lock."""
+    def execute(self, lock: FileLock | None = None) -> dict | None:
+        """Generate and score every prompt (resuming), write the record; call it holding the run's lock. None,
+        with nothing more written, once ``lock.lost`` says another process took the run over."""
         import torch
         from tqdm.auto import tqdm
 
@@ -405,9 +413,13 @@ class Runner:
         with tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"run {self.run_id} ({self.spec.key.label})",
                   unit="video", leave=False) as bar:
             for first in range(0, len(todo), size):
+                if lock is not None and lock.lost:
+                    return None
                 batch = todo[first:first + size]
                 self.prompt_results(batch)
                 bar.update(len(batch))
+        if lock is not None and lock.lost:
+            return None
         results = [read_json(self.store.prompt_result_path(self.run_id, index)) for index, _, _ in jobs]
         self.store.write_record(self.assemble(results, time.perf_counter() - start))
         self.store.error_path(self.run_id).unlink(missing_ok=True)
