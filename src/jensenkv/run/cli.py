@@ -44,9 +44,9 @@ def check_group_overrides(args: Sequence[str], config_dir: Path = CONFIG_DIR) ->
         group = override.key_or_group
         if group not in CONFIG_GROUPS or override.package is not None or override.is_delete():
             continue
-        values = (list(override.sweep_string_iterator()) if override.is_sweep_override()
-                  else [override.get_value_element_as_str()])
         allowed = group_options(group, config_dir)
+        values = (_sweep_values(override, allowed) if override.is_sweep_override()
+                  else [override.get_value_element_as_str()])
         for value in values:
             if value not in allowed and not (group == "experiment" and value == "null"):
                 fail(group, value, f"choose one of {allowed}")
@@ -127,16 +127,35 @@ def _sweep_plan(args: Sequence[str]) -> tuple[Any, list[list[str]] | None]:
     sweeps: dict[str, list[str]] = {}
     for key, override in by_key.items():
         if override.is_sweep_override():
-            try:
-                sweeps[key] = list(override.sweep_string_iterator())
-            except Exception:  # noqa: BLE001 - range()/interval sweeps: Hydra expands them, skip the precheck
-                return base, None
+            sweeps[key] = _sweep_values(override)
     first = [f"{k}={v[0]}" for k, v in sweeps.items()]
     variants = [fixed + first]
     for key, values in sweeps.items():
         for value in values[1:]:
             variants.append(fixed + [f"{k}={values[0] if k != key else value}" for k, values in sweeps.items()])
     return base, variants
+
+
+def _sweep_values(override: Any, options: list[str] | None = None) -> list[str]:
+    """The values a basic-sweeper sweep takes, as override strings: lists, choice(), range(), shuffle(), sort(),
+    and glob() over a config group's options (``options``, default: the group's files). ValueError for an interval() sweep, which only an optimizing
+    sweeper can sample."""
+    from hydra.core.override_parser.types import Glob, IntervalSweep
+
+    value = override.value()
+    if isinstance(value, Glob):
+        if override.key_or_group not in CONFIG_GROUPS:
+            raise ValueError(f"{override.input_line}: glob() sweeps config group options; "
+                             f"{override.key_or_group} is not a group (groups: {', '.join(CONFIG_GROUPS)})")
+        chosen = value.filter(group_options(override.key_or_group) if options is None else options)
+        if not chosen:
+            raise ValueError(f"{override.input_line}: glob() matches none of the {override.key_or_group} options "
+                             f"{group_options(override.key_or_group) if options is None else options}")
+        return chosen
+    if isinstance(value, IntervalSweep):
+        raise ValueError(f"{override.input_line}: interval() needs an optimizing sweeper (e.g. Optuna); this "
+                         "suite's basic sweeper takes a list, choice() or range()")
+    return list(override.sweep_string_iterator())
 
 
 def precheck(args: Sequence[str]) -> None:
