@@ -93,6 +93,17 @@ def test_quick_run_memory_rows_are_consistent(quick_run):
     assert ratio.value.iloc[0] == pytest.approx((2 + 24 / 32) / 16)  # codes + fp16 step + 8-bit zero per 32
 
 
+def test_a_measurement_in_a_fresh_process_is_the_one_in_process():
+    """The full plan's path (a child per memory row, as `make bench` runs it), which the quick run skips: the
+    child's JSON line is parsed and holds what the same command line gives in this process."""
+    from jensenkv.bench.memory import measure
+
+    args = ("--layers", "1", "--commits", "1", "--shape", "1", "1", "64", "128", "--queries", "8")
+    child, here = measure("held", *args), measure("held", *args, in_process=True)
+    assert set(child) == set(here) and child["stored"] == here["stored"] > 0
+    assert child["live"] >= child["stored"] and here["live"] >= here["stored"]  # plus the shared workspace
+
+
 def test_presets_compose_configs():
     rtn = preset("rtn", 128, bits=2, group_size=32)
     assert rtn.key.bits == 2 and rtn.key.zero_dtype == "uint8" and rtn.value == rtn.key  # configs/quant/rtn.yaml

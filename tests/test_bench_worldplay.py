@@ -46,9 +46,9 @@ def _cache(quant):
 def test_rows_scale_the_measured_layers_and_compare_with_memory_bytes(monkeypatch):
     calls = []
 
-    def fake_measure(kind, quant, memory, *args, module):  # in process, one block measured, as the full run does
+    def fake_measure(kind, quant, memory, *args, module, in_process):  # one block measured, as the full run does
         calls.append((kind, quant, memory, args))
-        assert module == "jensenkv.bench.worldplay_memory"
+        assert module == "jensenkv.bench.worldplay_memory" and in_process  # the quick plan starts no process
         return held(TOY, quant, memory, measured_layers=1)
 
     monkeypatch.setattr(suite, "measure", fake_measure)

@@ -122,15 +122,34 @@ def batch_peak(batch: int, quick: bool) -> dict:
             "cache_bytes_per_video": sum(c.nbytes for c in caches) / batch}
 
 
-def measure(kind: str, *args: str, pythonpath: str | None = None, module: str = "jensenkv.bench.memory") -> dict:
+def measure(kind: str, *args: str, pythonpath: str | None = None, module: str = "jensenkv.bench.memory",
+            in_process: bool = False) -> dict:
     """Run one measurement (``python -m <module> <kind> ...``, printing one JSON line) in a fresh process with
-    the fixed mmap threshold; return its JSON result."""
+    the fixed mmap threshold; return its JSON result. ``in_process``: the same command line in this process
+    (a smoke run: no interpreter start-up, but RSS then counts whatever this process did before)."""
+    if in_process:
+        return _measure_here(module, [kind, *args])
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     done = subprocess.run([sys.executable, "-m", module, kind, *args], env=env, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _measure_here(module: str, argv: list[str]) -> dict:
+    """``module``'s main(argv) in this process, its printed JSON line parsed; the thread count it sets restored."""
+    import contextlib
+    import importlib
+    import io
+
+    threads, out = torch.get_num_threads(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            importlib.import_module(module).main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out.getvalue().strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:

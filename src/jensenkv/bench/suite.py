@@ -52,14 +52,15 @@ class Plan:
     exact_max_scores: int = 1 << 27
     batch_videos: int = 16  # videos per repetition of batch_throughput: one batch of them against one at a time
     worldplay: tuple[str, ...] = ()  # extra arguments of `python -m jensenkv.bench.worldplay_memory held`
+    fresh_processes: bool = True  # memory rows from a fresh process each; False (quick): in this process
     notes: list[str] = field(default_factory=list)
 
 
 def quick_plan() -> Plan:
-    return Plan(quick=True, repeats=2, e2e_repeats=2, long_repeats=1, bytes_shape=(1, 2, 256, 128),
+    return Plan(quick=True, repeats=2, e2e_repeats=1, long_repeats=1, bytes_shape=(1, 2, 256, 128),
                 held=("--layers", "2", "--commits", "2", "--shape", "1", "2", "256", "128", "--queries", "32"),
                 overhead_shapes=((2, 64, 256), (2, 128, 512)), long_floor_shape=(2, 64, 256, 64), batch_videos=2,
-                worldplay=("--toy",))
+                worldplay=("--toy",), fresh_processes=False)  # a child each costs ~15 s of imports
 
 
 def row(benchmark: str, config: str, value: float, unit: str, iqr: float = float("nan"), repeats: int = 1) -> dict:
@@ -107,7 +108,7 @@ def qvg_paper_span_rows(plan: Plan) -> list[dict]:
 
 
 def held_memory_rows(plan: Plan) -> list[dict]:
-    result = measure("held", *plan.held)
+    result = measure("held", *plan.held, in_process=not plan.fresh_processes)
     stored = result["stored"]
     config = "rtn bits=2 group_size=32 + taylor, 8 layers x 6 chunks of (1, 12, 4680, 128)" if not plan.held \
         else "rtn bits=2 group_size=32 + taylor, " + " ".join(plan.held)
@@ -120,7 +121,9 @@ def held_memory_rows(plan: Plan) -> list[dict]:
 
 def generation_rows(plan: Plan) -> list[dict]:
     quick = ("--quick",) if plan.quick else ()
-    bf16, int2 = measure("generation", "bf16", *quick), measure("generation", "int2", *quick)
+    here = not plan.fresh_processes
+    bf16 = measure("generation", "bf16", *quick, in_process=here)
+    int2 = measure("generation", "int2", *quick, in_process=here)
     saving = (bf16["peak"] - int2["peak"]) / bf16["stored"]
     config = "long-context SkyReels-V2 (random), INT2 g=32 + taylor vs BF16"
     return [row("generation_peak_memory_saving", f"{config}: (peak BF16 - peak INT2) / BF16 cache", saving,
@@ -323,7 +326,8 @@ def batch_throughput_rows(plan: Plan) -> list[dict]:
     quick = ("--quick",) if plan.quick else ()
     torch.set_num_threads(1)  # measure() passes this thread count to the fresh processes
     try:
-        alone, many = measure("batch", "1", *quick), measure("batch", str(n), *quick)
+        here = not plan.fresh_processes
+        alone, many = (measure("batch", size, *quick, in_process=here) for size in ("1", str(n)))
     finally:
         torch.set_num_threads(threads)
     growth = {size: result["peak"] - result["peak_before"] for size, result in ((1, alone), (n, many))}
@@ -392,7 +396,8 @@ def worldplay_rows(plan: Plan) -> list[dict]:
     rows = []
     for quant, overrides in QUANTS:
         for memory in ("rebuild", "append"):
-            r = measure("held", quant, memory, *plan.worldplay, module="jensenkv.bench.worldplay_memory")
+            r = measure("held", quant, memory, *plan.worldplay, module="jensenkv.bench.worldplay_memory",
+                        in_process=not plan.fresh_processes)
             scale = geometry.layers / r["measured_layers"]
             size = "toy" if geometry is TOY else "480p"
             config = (f"HY-WorldPlay {size} {label(quant, **overrides)}, {memory} ({r['frames']} frames held), "
@@ -474,7 +479,8 @@ def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float)
              "Memory: measured in fresh processes with MALLOC_MMAP_THRESHOLD_=131072 (RSS), and as live tensor "
              "bytes (cache tensors plus the shared attention workspace).", ""]
     if plan.quick:
-        lines += ["Smoke run (`--quick`): tiny sizes, the numbers mean nothing.", ""]
+        lines += ["Smoke run (`--quick`): tiny sizes, the numbers mean nothing"
+                  + ("" if plan.fresh_processes else "; memory measured in this process, not fresh ones") + ".", ""]
     lines += ["## Targets", "", "| target | measured | bound | |", "|---|---|---|---|", *target_lines(frame)]
     for benchmark, group in frame.groupby("benchmark", sort=False):
         shown = group.drop(columns="benchmark").copy()
