@@ -280,31 +280,39 @@ def test_a_sweep_with_a_run_held_elsewhere_waits_then_reports_it_missing(tmp_pat
     assert "node-that-died" in err and "Traceback" not in err  # said who holds it while waiting
 
 
-def test_a_sweep_writes_nothing_outside_the_project_and_its_results(tmp_path, weights):
+@pytest.fixture(scope="module")
+def identical_sweeps(tmp_path_factory, weights) -> tuple[Path, Path, list[tuple[int, str]]]:
+    """Two identical sweeps started at once on one results dir, with an empty HOME: (folder, results,
+    [(exit code, stderr)] per sweep). Each such process spends ~25 s starting, so two tests share them."""
+    tmp_path = tmp_path_factory.mktemp("identical_sweeps")
     results = tmp_path / "results"
     (tmp_path / "home").mkdir()
-    proc = subprocess.run(_sweep_args(tmp_path, results, weights, "sweep", "correction=none,taylor"),
-                          env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "summary: 2 run(s): 2 done, 0 skipped (already finished), 0 failed, 0 missing" in proc.stderr
-    assert list((tmp_path / "home").rglob("*")) == []  # W&B logs and caches, matplotlib: under results/
-    _check_store(results, 2)
-    again = subprocess.run(_sweep_args(tmp_path, results, weights, "sweep2", "correction=none,taylor"),
-                           env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "2 skipped (already finished)" in again.stderr
-
-
-def test_two_identical_sweeps_at_once_leave_one_record_and_one_wandb_run_per_run(tmp_path, weights):
-    results = tmp_path / "results"
     extra = ("correction=none,taylor,exact", "eval.num_prompts=2")
     procs = [subprocess.Popen(_sweep_args(tmp_path, results, weights, f"sweep{i}", *extra), env=_env(tmp_path),
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
-    for proc, (_, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err[-3000:]
+    return tmp_path, results, [(proc.returncode, err) for proc, (_, err) in zip(procs, outputs)]
+
+
+def test_two_identical_sweeps_at_once_leave_one_record_and_one_wandb_run_per_run(identical_sweeps):
+    _, results, outputs = identical_sweeps
+    for code, err in outputs:
+        assert code == 0, err[-3000:]
         assert "0 failed, 0 missing" in err
     _check_store(results, 3)
+
+
+def test_a_sweep_writes_nothing_outside_the_project_and_its_results(identical_sweeps, weights):
+    """On the shared sweeps (run after the test above has checked their store): then a rerun skips every run."""
+    tmp_path, results, outputs = identical_sweeps
+    assert all(code == 0 for code, _ in outputs), [err[-3000:] for _, err in outputs]
+    assert list((tmp_path / "home").rglob("*")) == []  # W&B logs and caches, matplotlib: under results/
+    again = subprocess.run(_sweep_args(tmp_path, results, weights, "again", "correction=none,taylor,exact",
+                                       "eval.num_prompts=2"),
+                           env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "3 skipped (already finished)" in again.stderr, again.stderr[-3000:]
+    assert list((tmp_path / "home").rglob("*")) == []
 
 
 @pytest.mark.parametrize("when", ["prompts/0000.json", pytest.param("record.json", marks=pytest.mark.slow)])

@@ -247,34 +247,64 @@ def _cli(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.Co
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize(("args", "expected"), [
+@pytest.fixture(scope="module")
+def one_result(weights, tmp_path_factory) -> Path:
+    """A results dir holding one finished run: an existing result a bad command line must leave untouched."""
+    results = tmp_path_factory.mktemp("one_result") / "results"
+    run_overrides(fast_overrides(results, weights))
+    return results
+
+
+def _cli_here(args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """``python -m jensenkv.run`` in this process (as _cli, without the interpreter start): exit code, output."""
+    from jensenkv.run.cli import main
+
+    monkeypatch.delenv("JENSENKV_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main([*args, f"hydra.run.dir={tmp_path / 'out'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"])
+    out = capsys.readouterr()
+    return stopped.value.code, out.out + out.err
+
+
+# the first case as a real process (exit code and stderr of the command); the others in process (same main())
+@pytest.mark.parametrize(("args", "expected", "process"), [
     (["correction=bar"],
-     "error: correction='bar' is not allowed: choose one of ['exact', 'none', 'taylor', 'taylor2']"),
+     "error: correction='bar' is not allowed: choose one of ['exact', 'none', 'taylor', 'taylor2']", True),
     (["quant.group_size=33"], "error: quant.group_size=33 is not allowed: with granularity=token_group it must "
-                              "divide head_dim=128"),
+                              "divide head_dim=128", False),
     (["-m", "quant.bits=2,2.0"], "error: Error merging override quant.bits=2.0: quant.bits: Value '2.0' of type "
-                                 "'float' could not be converted to Integer"),
+                                 "'float' could not be converted to Integer", False),
     (["-m", "correction=none,taylor", "attention.strength=inf"],
-     "error: attention.strength=inf is not allowed: must be a finite number (signed: a global multiplier)"),
+     "error: attention.strength=inf is not allowed: must be a finite number (signed: a global multiplier)", False),
 ])
-def test_cli_rejects_bad_input_in_one_line_without_touching_results(tmp_path, weights, args, expected):
+def test_cli_rejects_bad_input_in_one_line_without_touching_results(tmp_path, weights, one_result, args, expected,
+                                                                   process, monkeypatch, capsys):
+    import shutil
+
     results = tmp_path / "results"
-    run_overrides(fast_overrides(results, weights))  # an existing result that must survive
+    shutil.copytree(one_result, results)  # copy2: the mtimes _tree compares are kept
     before = _tree(results)
-    proc = _cli([*args, f"model.weights_dir={weights}", f"paths.results_dir={results}"], tmp_path)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines == [expected], proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
+    full = [*args, f"model.weights_dir={weights}", f"paths.results_dir={results}"]
+    if process:
+        proc = _cli(full, tmp_path)
+        code, output, stderr = proc.returncode, proc.stdout + proc.stderr, proc.stderr
+    else:
+        code, output = _cli_here(full, tmp_path, monkeypatch, capsys)
+        stderr = output
+    assert code == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines == [expected], stderr
+    assert "Traceback" not in output
     assert _tree(results) == before
 
 
-def test_a_sweep_with_missing_weights_stops_before_any_job(tmp_path):
+def test_a_sweep_with_missing_weights_stops_before_any_job(tmp_path, monkeypatch, capsys):
     results = tmp_path / "results"
-    proc = _cli(["-m", "quant.bits=2,4", f"model.weights_dir={tmp_path / 'absent'}", f"paths.results_dir={results}"],
-                tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+    code, output = _cli_here(["-m", "quant.bits=2,4", f"model.weights_dir={tmp_path / 'absent'}",
+                              f"paths.results_dir={results}"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in output
+    assert [line for line in output.splitlines() if line.strip()] == [
         f"error: model.weights_dir='{tmp_path / 'absent'}': model.safetensors is missing there (`make train-tiny` "
         "writes the built-in model's weights; null uses the packaged ones)"]
     assert not results.exists() and not (tmp_path / "multirun").exists()
