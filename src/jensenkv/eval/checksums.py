@@ -7,7 +7,9 @@ match, in this order:
 
   * a published SHA256 (``PUBLISHED_SHA256``: CLIP's, from OpenAI's original URLs);
   * the hash prefix in its name, torch hub's convention (``<name>-<first 8+ hex of the SHA256>.<ext>``, e.g.
-    ``musiq_spaq_ckpt-358bb6af.pth``, ``alexnet-owt-7be5be79.pth``);
+    ``musiq_spaq_ckpt-358bb6af.pth``, ``alexnet-owt-7be5be79.pth``); where the bytes do not match it, the
+    manifest below may still vouch for them (torchvision follows the convention; whether pyiqa's release
+    files do is unverified here, and a download from the publisher must not be refused for its name);
   * otherwise the SHA256 that ``make fetch-weights`` recorded when it downloaded the file, in the manifest
     ``jensenkv-weights-manifest.json`` of the folder it downloads into (the VBench cache, the torch hub
     checkpoints folder); the nearest manifest above the file counts, so a copied folder keeps its manifest.
@@ -74,6 +76,15 @@ def _read_manifest(manifest: Path) -> dict[str, dict]:
     return files
 
 
+def _manifest_sha(manifest: Path, path: Path) -> str | None:
+    """The SHA256 ``manifest`` records for ``path``; None when it records none or cannot be read."""
+    try:
+        entry = _read_manifest(manifest).get(path.resolve().relative_to(manifest.parent.resolve()).as_posix())
+    except ValueError:
+        return None
+    return entry.get("sha256") if isinstance(entry, dict) else None
+
+
 def record(root: Path, path: Path, source: str) -> str:
     """Add ``path``'s SHA256 (and where it came from) to ``root``'s manifest, written atomically; returns the
     SHA256. ``path`` must lie under ``root``."""
@@ -102,10 +113,14 @@ def untrusted_reason(path: Path) -> str | None:
     if published is not None:
         return None if sha == published else f"{refused}: its SHA256 {sha} is not the published {published}"
     prefix = name_hash_prefix(path)
-    if prefix is not None:
-        return None if sha.startswith(prefix) else (f"{refused}: its SHA256 {sha} does not start with {prefix}, "
-                                                    "the hash in its name")
+    if prefix is not None and sha.startswith(prefix):
+        return None
     manifest = find_manifest(path)
+    if prefix is not None:  # not every publisher names files by their hash: the file it served decides
+        if manifest is not None and _manifest_sha(manifest, path) == sha:
+            return None
+        return (f"{refused}: its SHA256 {sha} does not start with {prefix}, the hash in its name, and no "
+                f"{MANIFEST_NAME} records these bytes as downloaded from its publisher (`make fetch-weights`)")
     hint = ("`make fetch-weights` downloads and records it; `python scripts/fetch_weights.py --record-present` "
             "records a file already in place that you trust")
     if manifest is None:
