@@ -461,7 +461,7 @@ def _damage_key(run_dir: Path) -> tuple | None:
     def stat(path: Path) -> tuple | None:
         try:
             st = path.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # as Path.exists(): a file where a folder belongs
             return None
         return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
