@@ -32,7 +32,8 @@ def test_lpips_is_missing_with_the_exact_path_until_the_file_is_there(caches):
     assert check.files == [(path, True)] and not check.ready
     assert check.notes == [f"{path} refused before loading (the loader unpickles it, which runs code): its SHA256 "
                            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 does not start with "
-                           "b8a52dc0, the hash in its name"]
+                           "b8a52dc0, the hash in its name, and no jensenkv-weights-manifest.json records these bytes "
+                           "as downloaded from its publisher (`make fetch-weights`)"]
 
 
 def test_subject_consistency_lists_vbench_and_torch_hub_paths(caches):
