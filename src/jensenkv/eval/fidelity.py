@@ -4,8 +4,8 @@ Videos are (F, C, H, W) float in [0, 1] (or uint8). PSNR is computed from the MS
 number per video), SSIM is the mean over frames; both run on the model's device in batches of frames.
 LPIPS needs a torchvision backbone file that this suite never downloads: ``lpips_availability`` checks for
 it BEFORE anything is constructed, and a missing file is reported as a missing metric with the file name
-and where to put it (``make fetch-weights`` fetches it); a file whose SHA256 does not match the hash in its name
-is refused the same way (``jensenkv.eval.checksums``).
+and where to put it (``make fetch-weights`` fetches it); a file whose SHA256 matches neither the hash in its
+name nor the weights manifest is refused the same way (``jensenkv.eval.checksums``).
 """
 from __future__ import annotations
 
