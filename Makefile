@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c "import torch; print('setup done: torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU build)')"
 	@touch $(STAMP)
 
-test: setup ## run the test suite (fast tests; CI runs this; about 8-9 min on a quiet 2-core machine)
+test: setup ## run the test suite (fast tests; CI runs this; 9-18 min on a quiet 2-core machine, README)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
 
 test-full: setup ## run every test, slow ones included
