@@ -48,7 +48,7 @@ test: setup ## run the test suite (fast tests; CI runs this; 9-18 min on a quiet
 test-full: setup ## run every test, slow ones included
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-30 min on 2 cores; reports read $$JENSENKV_RESULTS, else results)
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
 	# beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
 	# and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
