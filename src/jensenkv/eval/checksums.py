@@ -77,11 +77,8 @@ def _read_manifest(manifest: Path) -> dict[str, dict]:
 
 
 def _manifest_sha(manifest: Path, path: Path) -> str | None:
-    """The SHA256 ``manifest`` records for ``path``; None when it records none or cannot be read."""
-    try:
-        entry = _read_manifest(manifest).get(path.resolve().relative_to(manifest.parent.resolve()).as_posix())
-    except ValueError:
-        return None
+    """The SHA256 ``manifest`` records for ``path`` (None: no entry); ValueError when it cannot be read."""
+    entry = _read_manifest(manifest).get(path.resolve().relative_to(manifest.parent.resolve()).as_posix())
     return entry.get("sha256") if isinstance(entry, dict) else None
 
 
@@ -116,8 +113,12 @@ def untrusted_reason(path: Path) -> str | None:
     if prefix is not None and sha.startswith(prefix):
         return None
     manifest = find_manifest(path)
+    try:
+        recorded = _manifest_sha(manifest, path) if manifest is not None else None
+    except ValueError as e:
+        return f"{refused}: {e}"
     if prefix is not None:  # not every publisher names files by their hash: the file it served decides
-        if manifest is not None and _manifest_sha(manifest, path) == sha:
+        if recorded == sha:
             return None
         return (f"{refused}: its SHA256 {sha} does not start with {prefix}, the hash in its name, and no "
                 f"{MANIFEST_NAME} records these bytes as downloaded from its publisher (`make fetch-weights`)")
@@ -125,12 +126,8 @@ def untrusted_reason(path: Path) -> str | None:
             "records a file already in place that you trust")
     if manifest is None:
         return f"{refused}: it has no published checksum and no {MANIFEST_NAME} above it records it ({hint})"
-    try:
-        entry = _read_manifest(manifest).get(path.resolve().relative_to(manifest.parent.resolve()).as_posix())
-    except ValueError as e:
-        return f"{refused}: {e}"
-    if not isinstance(entry, dict) or "sha256" not in entry:
+    if recorded is None:
         return f"{refused}: it has no published checksum and {manifest} does not record it ({hint})"
-    if entry["sha256"] != sha:
-        return f"{refused}: its SHA256 {sha} differs from the {entry['sha256']} recorded in {manifest} ({hint})"
+    if recorded != sha:
+        return f"{refused}: its SHA256 {sha} differs from the {recorded} recorded in {manifest} ({hint})"
     return None
