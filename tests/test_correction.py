@@ -123,15 +123,16 @@ def test_group_bias_equals_reference_on_expanded_steps(method: str, groups: int,
         assert not torch.allclose(plain, expected, rtol=1e-3) or groups == 1
 
 
-@pytest.mark.parametrize(("size", "branch"), [(4.0, "series"), (0.0, "series"), (60.0, "tiled"), (3e4, "tiled")])
+@pytest.mark.parametrize(("size", "branch"), [(4.0, "series"), (0.0, "series"), (60.0, "split"), (3e4, "split")])
 @pytest.mark.parametrize("groups", [1, 4, 128])
 def test_exact_group_bias_branches_equal_reference(size: float, branch: str, groups: int, monkeypatch) -> None:
-    """The series (matmul) branch up to |x| <= 1.5, the query-tiled elementwise one beyond (several tiles)."""
+    """The series (matmul) branch up to |x| <= 1.5; beyond, the split form (series on the channels where it
+    converges, elementwise on the rest, in several chunks of pairs)."""
     q, steps = _random_steps(groups, False, size=size, seed=3)
-    monkeypatch.setattr(correction, "_TILE_ELEMENTS", 2 * 3 * 7 * 128 * 2)  # 2 queries per tile: 3 tiles
-    with mock.patch.object(correction, "_exact_group_bias_tiled", wraps=correction._exact_group_bias_tiled) as tiled:
+    monkeypatch.setattr(correction, "_TILE_ELEMENTS", 2 * 7 * 3)  # chunks of 2 (query, channel) pairs
+    with mock.patch.object(correction, "exact_group_bias_split", wraps=correction.exact_group_bias_split) as split:
         actual = group_bias(q, steps, "exact")
-    assert tiled.called == (branch == "tiled")
+    assert split.called == (branch == "split")
     expected = jensen_bias(q.double(), expand_group_steps(steps, 128).double(), "exact")
     assert torch.isfinite(actual).all()
     assert torch.allclose(actual.double(), expected, rtol=1e-5, atol=1e-6)
@@ -222,3 +223,21 @@ def test_exact_group_bias_reads_the_device_once_per_call(step_size: float, host_
     reads = host_reads
     group_bias(q, steps, "exact")
     assert len(reads) == 1, reads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("groups", [1, 2, 64])
+def test_exact_split_equals_elementwise_on_outlier_queries(dtype: torch.dtype, groups: int) -> None:
+    """A real network's queries: most channels small, a few 10-30x larger (|x| up to ~10 there). The split form
+    equals the elementwise exact bias everywhere, and the pairs it sends to the elementwise form are few."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 40, 64, generator=gen, dtype=dtype)
+    q[..., 5] *= 30.0
+    q[..., 17] *= -12.0
+    step = (torch.rand(2, 3, 50, groups, generator=gen, dtype=dtype) * 0.8 + 0.05)
+    split = correction.exact_group_bias_split(q, step, 0.125)
+    elementwise = correction._exact_group_bias_tiled(q, step, 0.125)
+    tol = 1e-5 if dtype == torch.float32 else 1e-10
+    assert torch.allclose(split, elementwise, rtol=tol, atol=tol)
+    w = 0.0625 * q * step.amax(dim=-2, keepdim=True).repeat_interleave(64 // groups, dim=-1)
+    assert 0 < (w.abs() > correction.SERIES_MAX_ARG).float().mean() < 0.1

@@ -214,6 +214,18 @@ def video_segment(seg: StoredSegment | CacheSegment, b: int) -> StoredSegment | 
                         None if seg.v_ref is None else seg.v_ref[own])
 
 
+def expand_segment(seg: CacheSegment, groups: int) -> CacheSegment:
+    """A cached chunk with its KV heads repeated for the query heads of each group (nothing is re-quantized)."""
+    if groups == 1:
+        return seg
+
+    def rep(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.repeat_interleave(groups, dim=1)  # (B, H_kv, K, D) -> (B, H, K, D)
+
+    steps = None if seg.steps is None else GroupSteps(rep(seg.steps.step), seg.steps.rotation)
+    return CacheSegment(k=rep(seg.k), v=rep(seg.v), steps=steps, k_ref=rep(seg.k_ref), v_ref=rep(seg.v_ref))
+
+
 class ChunkedKVCache:
     """KV cache of one attention layer, one chunk per `commit`."""
 

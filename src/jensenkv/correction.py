@@ -76,6 +76,19 @@ def log_sinhc(x: torch.Tensor) -> torch.Tensor:
     return torch.where(small, acc, large)
 
 
+def log_sinhc_nonnegative(x: torch.Tensor) -> torch.Tensor:
+    """``log_sinhc`` for x >= 0 in fewer passes (the exact bias's elementwise pairs): the asymptotic form on
+    x > 0.5, the series below with as many terms as x's dtype resolves (float32: 5, (0.5/pi)^10 ~ 1e-8 relative)."""
+    y = x.clamp_min(_SERIES_SWITCH)
+    large = torch.exp(y * -2.0).neg_().log1p_().add_(y).sub_(torch.log(y * 2.0))  # y - log 2y + log1p(-e^-2y)
+    x2 = x.clamp_max(_SERIES_SWITCH).square_()
+    terms = _SERIES_TERMS_SMALL if x.dtype == torch.float64 else 5
+    acc = torch.zeros_like(x2)
+    for a_n in reversed(log_sinhc_series_coefficients(terms)):
+        acc.add_(a_n).mul_(x2)
+    return torch.where(x > _SERIES_SWITCH, large, acc)
+
+
 def jensen_bias(
     q: torch.Tensor, step: torch.Tensor, method: str = "taylor", scale: float | None = None
 ) -> torch.Tensor:
@@ -187,13 +200,61 @@ def group_bias(
 
 
 def _exact_group_bias(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:
-    """Exact bias: series matmuls when every |x| <= SERIES_MAX_ARG, else query-tiled elementwise."""
+    """Exact bias: series matmuls when every |x| <= SERIES_MAX_ARG, else the split form (series on the channels
+    where it converges, elementwise on the few (query, channel) pairs that need it)."""
     q_max = qb.abs().amax()
     arg_bound = 0.5 * scale * q_max * step.abs().amax()  # >= max |x| over all (query, key, channel)
     # the one host read (a device sync) of the call: which form is exact for these inputs
     if bool((q_max == 0) | (arg_bound <= SERIES_MAX_ARG)):
         return _exact_group_bias_series(qb, step, scale, q_max)
-    return _exact_group_bias_tiled(qb, step, scale)
+    return exact_group_bias_split(qb, step, scale)
+
+
+def exact_group_bias_split(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:
+    """The exact bias for any |x|, qb (B, H, Q, D) in the steps' basis, step (B, H, K, G) -> (B, H, Q, K).
+
+    Real networks' queries have a few outlier channels: there x_c = scale/2 q_c D_kj reaches 2-12 (SmolLM2)
+    and the series of log(sinh x / x), which converges for |x| < pi, cannot serve the whole row. Per (batch,
+    head) and group j, with Dmax_j the largest step of group j over the keys, write x = w_c u_kj, w_c =
+    scale/2 q_c Dmax_j and u_kj = D_kj / Dmax_j in [0, 1]:
+    - channels with |w_c| <= SERIES_MAX_ARG (every key's |x| is then within it): the series, as one matmul of
+      bounded factors, a_n sum_c w_c^(2n) against u_kj^(2n) (no overflow, whatever the scale of q or D);
+    - the other (query, channel) pairs, few: log_sinhc elementwise over the keys, added to their query's row
+      (tiles of at most _TILE_ELEMENTS elements).
+    Equal to ``_exact_group_bias_tiled`` (every element elementwise) to float rounding, at a small share of its cost.
+    """
+    batch, heads, n_q, dim = qb.shape
+    n_k, groups = step.shape[-2:]
+    width = dim // groups
+    d_max = step.abs().amax(dim=-2, keepdim=True)  # (B, H, 1, G)
+    unit = step / d_max.clamp_min(torch.finfo(step.dtype).tiny)  # (B, H, K, G) in [0, 1]
+    w = 0.5 * scale * qb * d_max.repeat_interleave(width, dim=-1)  # (B, H, Q, D)
+    large = w.abs() > SERIES_MAX_ARG  # (B, H, Q, D): pairs the series cannot serve
+    w_small = w.masked_fill(large, 0.0).square().unflatten(-1, (groups, width))  # (B, H, Q, G, g)
+    q_cols, k_cols, w_pow, u_sq = [], [], w_small, unit.square()
+    u_pow = u_sq
+    # below the floor: 0, so that no product in the matmul is subnormal (x86 runs those ~100x slower); the
+    # dropped terms are < floor * a_1 per channel, far below any dtype's resolution of the bias
+    floor = 1e-18 if qb.dtype != torch.float64 else 1e-150
+    for a_n in log_sinhc_series_coefficients(_SERIES_TERMS_GROUP):
+        q_cols.append(a_n * w_pow.sum(-1))  # (B, H, Q, G)
+        k_cols.append(u_pow)  # (B, H, K, G)
+        w_pow, u_pow = w_pow * w_small, u_pow * u_sq
+        w_pow.masked_fill_(w_pow < floor, 0.0)
+        u_pow.masked_fill_(u_pow < floor, 0.0)
+    bias = torch.cat(q_cols, dim=-1) @ torch.cat(k_cols, dim=-1).transpose(-1, -2)  # (B, H, Q, K)
+    where = large.nonzero()  # (P, 4): b, h, query, channel of each large pair
+    if len(where):
+        rows = bias.view(-1, n_k)  # (B*H*Q, K)
+        row_index = (where[:, 0] * heads + where[:, 1]) * n_q + where[:, 2]  # (P,)
+        chunk = max(1, _TILE_ELEMENTS // max(1, n_k))
+        for start in range(0, len(where), chunk):
+            part = where[start : start + chunk]
+            w_part = w[part[:, 0], part[:, 1], part[:, 2], part[:, 3]]  # (p,)
+            u_part = unit[part[:, 0], part[:, 1], :, part[:, 3] // width]  # (p, K)
+            x = w_part.abs().unsqueeze(-1) * u_part  # (p, K), >= 0: log(sinh x / x) is even
+            rows.index_add_(0, row_index[start : start + chunk], log_sinhc_nonnegative(x))
+    return bias
 
 
 def series_tolerance(dtype: torch.dtype) -> float:

@@ -36,6 +36,42 @@ def segment_has_steps(seg: SegmentLike) -> bool:
     return seg.steps is not None if has is None else bool(has)
 
 
+def check_causal(causal: object, n_q: int, n_cur: int) -> None:
+    """Raise ValueError unless ``causal`` is a bool and, when true, the Q queries can be the last Q of the R
+    current tokens (R >= Q): a causal LM's teacher-forced or decoding call."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal={causal!r} is not allowed: it must be true or false")
+    if causal and n_cur < n_q:
+        raise ValueError(f"causal=True with Q={n_q} queries and R={n_cur} current tokens is not allowed: the "
+                         "queries are the last Q of the current tokens, so R >= Q")
+
+
+CAUSAL_BACKENDS = ("cached", "reference")  # the built-in kernels that take causal=True (a causal LM's calls)
+
+
+def refuse_causal(causal: object, backend: str) -> None:
+    """ValueError for a backend that has no causal mask over the current chunk."""
+    if causal is not False:
+        raise ValueError(f"causal={causal!r} is not allowed with attention.backend={backend!r}: a causal LM's "
+                         f"attention needs a backend in {CAUSAL_BACKENDS}")
+
+
+def current_visible(n_q: int, n_cur: int, device: torch.device | str) -> torch.Tensor:
+    """(Q, R) bool: query i sees current token j iff j <= i + R - Q (the queries are the current chunk's last Q
+    tokens: bottom-right aligned, as flash-attention's causal mask)."""
+    rows = torch.arange(n_q, device=device).unsqueeze(1) + (n_cur - n_q)  # (Q, 1): each query's own position
+    return torch.arange(n_cur, device=device).unsqueeze(0) <= rows  # (Q, R)
+
+
+def causal_additive(n_q: int, n_cached: int, n_cur: int, dtype: torch.dtype,
+                    device: torch.device | str) -> torch.Tensor:
+    """(Q, K_cached + R) additive mask: 0 where visible (every cached key; current keys up to the query's own
+    position), -inf on the current chunk's later tokens."""
+    mask = torch.zeros(n_q, n_cached + n_cur, dtype=dtype, device=device)  # (Q, K_total)
+    mask[:, n_cached:].masked_fill_(~current_visible(n_q, n_cur, device), float("-inf"))
+    return mask
+
+
 def resolve_scale(scale: float | None, head_dim: int) -> float:
     """The softmax scale: 1/sqrt(D) unless given."""
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)

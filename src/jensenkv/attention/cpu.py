@@ -28,6 +28,8 @@ from jensenkv.attention._inputs import (
     TILE_ELEMENTS,
     SegmentLike,
     Strength,
+    causal_additive,
+    check_causal,
     resolve_scale,
     segment_has_steps,
     segment_shape,
@@ -104,31 +106,37 @@ def cached_attention(
     scale: float | None = None,
     strength: Strength = 1.0,
     second_order: bool = False,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv)."""
+    """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
+    ``causal`` (a causal LM): the current chunk's later tokens are masked, an additive (Q, K_total) mask."""
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     check_second_order(second_order, correction)
+    check_causal(causal, q.shape[2], k_cur.shape[2])
     scale = resolve_scale(scale, q.shape[-1])
     corrected = correction != "none" and any(segment_has_steps(seg) for seg in segments)
+    n_cached = sum(segment_shape(seg, "k")[2] for seg in segments)
+    mask = causal_additive(q.shape[2], n_cached, k_cur.shape[2], q.dtype, q.device) if causal else None
     if corrected and second_order:
-        return second_order_attention(q, k_cur, v_cur, segments, correction, scale, strength)
+        return second_order_attention(q, k_cur, v_cur, segments, correction, scale, strength, causal=causal)
     if corrected:
-        split = _split_current(q, k_cur, v_cur)
+        split = _split_current(q, k_cur, v_cur) and not causal
         current = (k_cur[:, :, :0], v_cur[:, :, :0]) if split else (k_cur, v_cur)  # (B, H, 0 or R, D/Dv)
         augmented = augmented_inputs(q, *current, segments, correction, scale, strength)
         if augmented is not None:
             q_aug, k_aug, v_pad = augmented
             if split:
                 return _merge(_FLASH(q_aug, k_aug, v_pad, scale=scale), _FLASH(q, k_cur, v_cur, scale=scale), q.dtype)
-            out = F.scaled_dot_product_attention(q_aug, k_aug, v_pad, scale=scale)  # (B, H, Q, E)
+            out = F.scaled_dot_product_attention(q_aug, k_aug, v_pad, attn_mask=mask, scale=scale)  # (B, H, Q, E)
             # contiguous like every other path's output: a strided (B, H, Q, Dv) view sends the caller's
             # head merge and output projection down slower paths (mm + add instead of addmm)
             return out[..., : v_cur.shape[-1]].contiguous()
     keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
     if not corrected:
-        return F.scaled_dot_product_attention(q, keys, values, scale=scale)
-    mask = exact_bias_mask(q, k_cur, segments, scale, strength)  # (B, H, Q, K_total): large-|x| exact
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    bias = exact_bias_mask(q, k_cur, segments, scale, strength)  # (B, H, Q, K_total): large-|x| exact
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias if mask is None else bias + mask,
+                                          scale=scale)
 
 
 # Only the cached keys need the bias columns. CPU SDPA pays ~7% (d = 128) to ~15% (d = 64) for them
@@ -345,6 +353,7 @@ def second_order_attention(
     scale: float,
     strength: Strength,
     query_tile: int | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """softmax(s_hat - b (1 - pi)) V, q (B, H, Q, D) -> (B, H, Q, Dv) in q's dtype; float32 work (float64 input:
     float64). ``jensenkv.attention.second_order`` derives the term; pi is the row's softmax of s_hat - b.
@@ -367,6 +376,8 @@ def second_order_attention(
     budget = TILE_ELEMENTS.get(q.device.type, TILE_ELEMENTS["cpu"])
     tile = max(1, min(query_tile or n_q, budget // max(1, batch * heads * total)))
     out = q.new_empty(batch, heads, n_q, values.shape[-1])  # (B, H, Q, Dv)
+    n_cur = k_cur.shape[2]
+    hidden = causal_additive(n_q, total - n_cur, n_cur, work, q.device) if causal else None  # (Q, K_total)
     for start in range(0, n_q, tile):
         rows = slice(start, start + tile)
         q_tile = q[:, :, rows].to(work)  # (B, H, t, D)
@@ -374,6 +385,9 @@ def second_order_attention(
             bias = q_coef[:, :, rows] @ k_cols_t  # (B, H, t, K_total), 0 off step-carrying columns
         else:
             bias = -exact_bias_mask(q_tile, k_cur, segments, scale, strength)
-        scores = second_order_scores(scale * q_tile @ keys_t - bias, bias)  # (B, H, t, K_total)
+        first = scale * q_tile @ keys_t - bias  # (B, H, t, K_total): first-order-corrected scores
+        if hidden is not None:
+            first = first + hidden[rows]
+        scores = second_order_scores(first, bias)  # (B, H, t, K_total)
         out[:, :, rows] = (torch.softmax(scores, dim=-1) @ values).to(q.dtype)
     return out

@@ -20,6 +20,7 @@ from torch.nn.attention.flex_attention import flex_attention
 from jensenkv.attention._inputs import (
     SegmentLike,
     Strength,
+    refuse_causal,
     resolve_scale,
     segment_has_steps,
     validate_attention_inputs,
@@ -50,6 +51,7 @@ def flex_cached_attention(
     max_unrolled: int = 16,
     compile_kernel: bool | None = None,
     second_order: bool = False,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
 
@@ -59,6 +61,7 @@ def flex_cached_attention(
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     refuse_second_order(second_order, "flex")
+    refuse_causal(causal, "flex")
     if max_unrolled < 1:
         raise ValueError(f"max_unrolled={max_unrolled} is not allowed: it must be >= 1")
     scale = resolve_scale(scale, q.shape[-1])

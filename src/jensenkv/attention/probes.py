@@ -18,6 +18,8 @@ from jensenkv.attention._inputs import (
     TILE_ELEMENTS,
     SegmentLike,
     Strength,
+    check_causal,
+    current_visible,
     resolve_scale,
     segment_has_steps,
     segment_shape,
@@ -29,8 +31,8 @@ from jensenkv.attention.second_order import check_second_order, second_order_sco
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
     SERIES_MAX_ARG,
-    _exact_group_bias_tiled,
     bias_basis_query,
+    exact_group_bias_split,
     exact_series_columns,
     query_group_sq_norms,
 )
@@ -40,6 +42,7 @@ PROBE_KEYS = (
     "p_s_head_median", "delta_p_s_head_median",
 )
 _LOG2 = math.log(2.0)
+_HIDDEN = -1e9  # the score of a current token a causal query may not see: far below any real score
 
 
 def attention_probes(
@@ -53,6 +56,7 @@ def attention_probes(
     query_tile: int = 1024,
     second_order: bool = False,
     attended: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> dict[str, float]:
     """Probe statistics (all float; float32 work, float64 for float64 input), keys ``PROBE_KEYS``:
 
@@ -70,9 +74,12 @@ def attention_probes(
     ``attended``: the output (B, H, Q, Dv) the attention call already computed from these very inputs, used as
     the quantized output instead of recomputing it (used only in the work dtype: a lower-precision output
     would move out_mse); the scores of the current chunk's keys, equal on both sides, are computed once.
+    ``causal``: as in the attention paths, the current chunk's later tokens are hidden from each query (a causal
+    LM); p_r is then the mass on the current tokens each query sees.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     check_second_order(second_order, correction)
+    check_causal(causal, q.shape[2], k_cur.shape[2])
     if query_tile < 1:
         raise ValueError(f"query_tile={query_tile} is not allowed: it must be >= 1")
     expected = (*q.shape[:-1], v_cur.shape[-1])
@@ -97,12 +104,15 @@ def attention_probes(
     cached_keys_t = keys[..., :n_cached, :].transpose(-1, -2)  # (2, B, H, D, K_cached)
     current_keys_t = k_cur.to(work).transpose(-1, -2)  # (B, H, D, R): the same on both sides
     reuse = attended is not None and attended.dtype == work
+    hidden = ~current_visible(n_q, k_cur.shape[2], device) if causal else None  # (Q, R): later current tokens
     for start in range(0, n_q, tile):
         rows = slice(start, start + tile)
         q_tile = qw[:, :, rows]  # (B, H, t, D)
         both = q_tile.new_empty(2, batch, heads, q_tile.shape[2], keys.shape[-2])  # (2, B, H, t, K_total)
         both[..., :n_cached] = scale * q_tile @ cached_keys_t  # quantized (+ bias below), reference
         both[..., n_cached:] = scale * q_tile @ current_keys_t  # (B, H, t, R) broadcast to both
+        if hidden is not None:  # finite, so the fast JSD applies: exp underflows to exactly 0 on both sides, and
+            both[..., n_cached:].masked_fill_(hidden[rows], _HIDDEN)  # each hidden term weighs < 1e-29
         scores = both[0]  # (B, H, t, K_total), a view
         full_bias = torch.zeros_like(scores) if second_order and biases else None  # (B, H, t, K_total)
         for offset, width, bias_of in biases:
@@ -190,7 +200,7 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
             out.append((offset, width, lambda rows, a=q_cols, b=k_t: a[:, :, rows] @ b))
         else:
             out.append((offset, width,
-                        lambda rows, a=qb, b=step: strength * _exact_group_bias_tiled(a[:, :, rows], b, scale)))
+                        lambda rows, a=qb, b=step: strength * exact_group_bias_split(a[:, :, rows], b, scale)))
     return out
 
 

@@ -9,7 +9,15 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import SegmentLike, Strength, resolve_scale, strength_view, validate_attention_inputs
+from jensenkv.attention._inputs import (
+    SegmentLike,
+    Strength,
+    check_causal,
+    current_visible,
+    resolve_scale,
+    strength_view,
+    validate_attention_inputs,
+)
 from jensenkv.attention.second_order import check_second_order
 from jensenkv.correction import bias_basis_query, expand_group_steps, jensen_bias
 
@@ -23,6 +31,7 @@ def reference_attention(
     scale: float | None = None,
     strength: Strength = 1.0,
     second_order: bool = False,
+    causal: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * q K^T - bias) V over the cached segments followed by the current chunk.
 
@@ -30,11 +39,14 @@ def reference_attention(
     first. The bias (``correction`` in "none" | "taylor" | "exact", times ``strength``: a float, or a (H,)
     tensor of per-head strengths) is subtracted from the columns of segments that carry steps only, never
     from the current chunk. ``second_order`` subtracts bias * (1 - pi) instead, pi the row's softmax of the
-    first-order-corrected scores (``jensenkv.attention.second_order``).
+    first-order-corrected scores (``jensenkv.attention.second_order``). ``causal``: the queries are the last Q
+    of the R current tokens and query i sees current token j only if j <= i + R - Q (a causal LM; every cached
+    key stays visible).
     Returns (B, H, Q, Dv) in q's dtype.
     """
     validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
     check_second_order(second_order, correction)
+    check_causal(causal, q.shape[2], k_cur.shape[2])
     scale = resolve_scale(scale, q.shape[-1])
     q64 = q.double()  # (B, H, Q, D)
     weight = strength_view(strength, q64)  # float or (1, H, 1, 1)
@@ -48,7 +60,10 @@ def reference_attention(
         scores.append(s)
         biases.append(raw - s)  # (B, H, Q, K_i): the bias this segment's columns got (0 without steps)
         values.append(seg.v.double())  # (B, H, K_i, Dv)
-    scores.append(scale * q64 @ k_cur.double().transpose(-1, -2))  # (B, H, Q, R): never corrected
+    current = scale * q64 @ k_cur.double().transpose(-1, -2)  # (B, H, Q, R): never corrected
+    if causal:
+        current = current.masked_fill(~current_visible(q.shape[2], k_cur.shape[2], q.device), float("-inf"))
+    scores.append(current)
     values.append(v_cur.double())
     logits = torch.cat(scores, dim=-1)  # (B, H, Q, K_total): first-order-corrected scores
     if second_order:  # s_hat - b (1 - pi): add back b * pi, pi = softmax of the first-order scores

@@ -42,6 +42,7 @@ from jensenkv.attention._inputs import (
     SegmentLike,
     Strength,
     check_strength,
+    refuse_causal,
     resolve_scale,
     segment_has_steps,
     strength_view,
@@ -294,6 +295,7 @@ def triton_cached_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     second_order: bool = False,
+    causal: bool = False,
     operands: str | None = None,
 ) -> torch.Tensor:
     """Fused attention over the packed cache: q (B, Hq, Q, D), k_cur/v_cur (B, Hkv, R, D/Dv) -> (B, Hq, Q, Dv).
@@ -306,6 +308,7 @@ def triton_cached_attention(
     backends that implement it.
     """
     refuse_second_order(second_order, "triton")
+    refuse_causal(causal, "triton")
     if q.ndim != 4 or k_cur.ndim != 4:
         raise ValueError(f"q.shape={tuple(q.shape)}, k_cur.shape={tuple(k_cur.shape)}: both must be (B, H, S, D)")
     heads_q, heads_kv = q.shape[1], k_cur.shape[1]

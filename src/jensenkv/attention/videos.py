@@ -21,10 +21,17 @@ from jensenkv.cache import video_segment
 
 
 def attend_videos(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  segments: Sequence[Any], settings: AttentionConfig, strength: Any) -> torch.Tensor:
+                  segments: Sequence[Any], settings: AttentionConfig, strength: Any, causal: bool = False,
+                  scale: float | None = None) -> torch.Tensor:
     """``attend(q, k, v, segments, ...)`` with the settings' correction: q (B, H, T, D), k, v (B, H, K, D) ->
-    (B, H, T, D); in one call, except the exact correction, which runs one video at a time."""
+    (B, H, T, D); in one call, except the exact correction, which runs one sequence at a time. ``causal`` and
+    ``scale`` (a causal LM's call) are passed only when set, so a registered kernel without them still serves
+    the video models."""
     kwargs = dict(correction=settings.correction, strength=strength, second_order=settings.second_order)
+    if causal:
+        kwargs["causal"] = True
+    if scale is not None:
+        kwargs["scale"] = scale
     if settings.correction != "exact" or q.shape[0] == 1 or not segments:
         return attend(q, k, v, segments, **kwargs)
     return torch.cat([attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], [video_segment(seg, b) for seg in segments],
@@ -33,7 +40,7 @@ def attend_videos(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch
 
 def probe_videos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Any],
                  settings: AttentionConfig, strength: Any, attended: torch.Tensor | None = None,
-                 step: int | None = None) -> list[dict]:
+                 step: int | None = None, causal: bool = False, scale: float | None = None) -> list[dict]:
     """One dict of probe values per video (``sample``: its index in the batch), each computed on it alone:
     ``attention_probes`` plus the diagnostics and head moments the settings ask for. ``attended``: the
     (B, H, T, Dv) output ``attend_videos`` returned for these inputs, reused as the quantized output. ``step``:
@@ -46,7 +53,8 @@ def probe_videos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Se
         out_s = attended if attended is None or q.shape[0] == 1 else attended[own]  # (1, H, T, Dv)
         segs = list(segments) if q.shape[0] == 1 else [video_segment(seg, sample) for seg in segments]
         values = attention_probes(q_s, k_s, v_s, segs, settings.correction, strength=strength,
-                                  second_order=settings.second_order, attended=out_s)
+                                  second_order=settings.second_order, attended=out_s, causal=causal,
+                                  scale=scale)
         if settings.diagnostics and diagnose:
             values.update(segment_diagnostics(q_s, segs))
         if settings.head_moments and diagnose:

@@ -18,10 +18,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache, StoredSegment
+from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache, StoredSegment, expand_segment
 from jensenkv.attention.config import layer_strengths
 from jensenkv.attention.videos import attend_videos, probe_videos
-from jensenkv.correction import GroupSteps
 from jensenkv.attention.backends import get_backend, reads_kv_heads
 from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
 
@@ -34,18 +33,6 @@ class WindowChunk:
     index: int
     step: int | None = None
     kv_range: int | None = None
-
-
-def expand_segment(seg: CacheSegment, groups: int) -> CacheSegment:
-    """A cached chunk with its KV heads repeated for the query heads of each group (nothing is re-quantized)."""
-    if groups == 1:
-        return seg
-
-    def rep(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.repeat_interleave(groups, dim=1)  # (B, H_kv, K, D) -> (B, H, K, D)
-
-    steps = None if seg.steps is None else GroupSteps(rep(seg.steps.step), seg.steps.rotation)
-    return CacheSegment(k=rep(seg.k), v=rep(seg.v), steps=steps, k_ref=rep(seg.k_ref), v_ref=rep(seg.v_ref))
 
 
 class MagiLayerCaches:
