@@ -240,4 +240,4 @@ def test_exact_split_equals_elementwise_on_outlier_queries(dtype: torch.dtype, g
     tol = 1e-5 if dtype == torch.float32 else 1e-10
     assert torch.allclose(split, elementwise, rtol=tol, atol=tol)
     w = 0.0625 * q * step.amax(dim=-2, keepdim=True).repeat_interleave(64 // groups, dim=-1)
-    assert 0 < (w.abs() > correction.SERIES_MAX_ARG).float().mean() < 0.1
+    assert 0 < (w.abs() > correction._split_series_limit(dtype)).float().mean() < 0.1

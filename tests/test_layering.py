@@ -16,10 +16,10 @@ LAYERS = (
     ("cache", ("cache",)),
     ("attention", ("attention",)),
     ("generation", ("generation", "generate", "teacher_forced")),
-    ("models", ("models",)),
+    ("models", ("models", "llm")),
     ("eval", ("eval",)),
-    ("tracking", ("record_check", "tracking")),
-    ("config and report", ("config", "config_help", "spec", "report")),
+    ("tracking", ("record_check", "tracking", "llm_store")),
+    ("config and report", ("config", "config_help", "spec", "report", "llm_config")),
     ("run", ("run",)),
     ("command lines", ("doctor", "calibrate", "bench")),
 )

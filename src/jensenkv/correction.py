@@ -210,6 +210,13 @@ def _exact_group_bias(qb: torch.Tensor, step: torch.Tensor, scale: float) -> tor
     return exact_group_bias_split(qb, step, scale)
 
 
+def _split_series_limit(dtype: torch.dtype) -> float:
+    """The largest |w| the split form's 14-term series takes. Its truncation error per channel is below
+    |a_15| limit^30: 2.0 -> 9e-8, under float32's resolution of a bias (real networks' pairs between 1.5 and 2
+    are as many as those above 2, so this halves the elementwise work); float64 keeps SERIES_MAX_ARG (1e-10)."""
+    return SERIES_MAX_ARG if dtype == torch.float64 else 2.0
+
+
 def exact_group_bias_split(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:
     """The exact bias for any |x|, qb (B, H, Q, D) in the steps' basis, step (B, H, K, G) -> (B, H, Q, K).
 
@@ -217,19 +224,25 @@ def exact_group_bias_split(qb: torch.Tensor, step: torch.Tensor, scale: float) -
     and the series of log(sinh x / x), which converges for |x| < pi, cannot serve the whole row. Per (batch,
     head) and group j, with Dmax_j the largest step of group j over the keys, write x = w_c u_kj, w_c =
     scale/2 q_c Dmax_j and u_kj = D_kj / Dmax_j in [0, 1]:
-    - channels with |w_c| <= SERIES_MAX_ARG (every key's |x| is then within it): the series, as one matmul of
-      bounded factors, a_n sum_c w_c^(2n) against u_kj^(2n) (no overflow, whatever the scale of q or D);
+    - channels with |w_c| <= the series' limit (``_split_series_limit``; every key's |x| is then within it): the
+      series, as one matmul of bounded factors, a_n sum_c w_c^(2n) against u_kj^(2n) (no overflow, whatever the
+      scale of q or D);
     - the other (query, channel) pairs, few: log_sinhc elementwise over the keys, added to their query's row
       (tiles of at most _TILE_ELEMENTS elements).
-    Equal to ``_exact_group_bias_tiled`` (every element elementwise) to float rounding, at a small share of its cost.
+    Keys whose steps repeat in runs (KIVI's per-channel keys share a step over each group of tokens) are computed
+    once per run and the columns repeated. Equal to ``_exact_group_bias_tiled`` (every element elementwise) to
+    float rounding, at a small share of its cost.
     """
+    runs, counts = torch.unique_consecutive(step, dim=-2, return_counts=True)  # (B, H, K_runs, G)
+    if runs.shape[-2] < step.shape[-2]:
+        return exact_group_bias_split(qb, runs, scale).repeat_interleave(counts, dim=-1)  # (B, H, Q, K)
     batch, heads, n_q, dim = qb.shape
     n_k, groups = step.shape[-2:]
     width = dim // groups
     d_max = step.abs().amax(dim=-2, keepdim=True)  # (B, H, 1, G)
     unit = step / d_max.clamp_min(torch.finfo(step.dtype).tiny)  # (B, H, K, G) in [0, 1]
     w = 0.5 * scale * qb * d_max.repeat_interleave(width, dim=-1)  # (B, H, Q, D)
-    large = w.abs() > SERIES_MAX_ARG  # (B, H, Q, D): pairs the series cannot serve
+    large = w.abs() > _split_series_limit(qb.dtype)  # (B, H, Q, D): pairs the series cannot serve
     w_small = w.masked_fill(large, 0.0).square().unflatten(-1, (groups, width))  # (B, H, Q, G, g)
     q_cols, k_cols, w_pow, u_sq = [], [], w_small, unit.square()
     u_pow = u_sq

@@ -57,6 +57,7 @@ FIDELITY = {"psnr": "above", "ssim": "above", "lpips": "below", "vbench": "above
 NAMES = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "delta_p_s": "dP_S",
          "delta_p_s_abs": "mean abs(dP_S)"}  # no "|" in a name: it would split a markdown table cell
 SHIFT_DIGITS = 4
+LLM_CLAIMS = "llm_claims.md"  # the LLM report's claims (jensenkv.report.llm_prefill), included as a section
 
 
 def _digits(metric: str) -> int:
@@ -124,6 +125,7 @@ class Claim:
     missing: list[str] = field(default_factory=list)  # data the claim needs that the store lacks, with why
     fails: str = REVERSED  # the word for a finding on the other side (a claim with a margin: "does not hold")
     margin: Margin | None = None
+    units: str = "prompts / videos"  # the independent units / what stands behind them (the n column's name)
 
     def finish(self) -> Claim:
         """Holm within the claim (the primary endpoint left out), then each option's verdict."""
@@ -461,7 +463,7 @@ def entry_row(claim: Claim, e: Entry) -> dict[str, str]:
         row["p Holm"] = "primary: alone" if e.primary else fmt_p(e.p_adjusted)
     else:
         row["p raw"] = row["p Holm"] = "-"
-    row["n prompts / videos"] = fmt_n(e.power.n, e.power.num_videos) if e.power is not None else "-"
+    row[f"n {claim.units}"] = fmt_n(e.power.n, e.power.num_videos) if e.power is not None else "-"
     row["MDE 80%"] = mde_text(e.power, metric if metric != "delta_p_s_abs" else "delta_p_s")
     if claim.key.startswith("2 ") and metric in PAPER_COMPARABLE:
         row["vs the paper's effect"] = paper_text(e, metric)
@@ -535,6 +537,9 @@ def render(reports: list[ModelReport], results_dir: str | Path, correction: str,
                   ("Rows: the store's quantizer options; variants: the corrections and attention-time options "
                    "(paired against 'none' of the same option; seeds pooled where noted; raw p-values, not "
                    "adjusted)."), "", _md_table(rep.options), ""]
+    llm = Path(results_dir) / LLM_CLAIMS
+    if llm.is_file():  # the LLM partial-prefill claims, as `python -m jensenkv.report.llm_prefill` wrote them
+        lines += [llm.read_text().rstrip(), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

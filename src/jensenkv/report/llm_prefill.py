@@ -1,5 +1,5 @@
 """The LLM partial-prefill report: tables, figures, claims and the attention-statistics comparison, from the
-store of ``python -m jensenkv.llm`` (``<results>/llm_prefill/``).
+store of ``python -m jensenkv.run.llm_prefill`` (``<results>/llm_prefill/``).
 
 Files (under --out, default --results; an incomplete store's go to ``partial/``, as every report's):
 - ``llm_prefill.{csv,md,tex}``: per (cache, treatment): the continuation's NLL, dNLL against the full-precision
@@ -42,10 +42,9 @@ def row_name(labels: dict) -> str:
 
 def load(results: Path) -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
     """(records, every window row, every layer row) of the LLM store; rows carry their run's labels."""
-    from jensenkv.llm.experiment import STORE_FOLDER, layer_table, records, window_table
-    from jensenkv.tracking import ResultsStore
+    from jensenkv.llm_store import layer_table, records, store_at, window_table
 
-    store = ResultsStore(Path(results) / STORE_FOLDER)
+    store = store_at(results)
     found = records(store)
     if not found:
         return [], pd.DataFrame(), pd.DataFrame()
@@ -62,38 +61,56 @@ def clusters(frame: pd.DataFrame, metric: str) -> pd.Series:
 
 def paired(frame: pd.DataFrame, row: str, treatment: str, metric: str = "dnll"):
     """treatment - none per document (windows paired first), its interval, sign-flip p and mde."""
-    a = clusters(frame[(frame.row == row) & (frame.treatment == treatment)], metric)
+    treated = frame[(frame.row == row) & (frame.treatment == treatment)]
+    a = clusters(treated, metric)
     b = clusters(frame[(frame.row == row) & (frame.treatment == BASELINE)], metric)
-    return paired_difference(a, b.reindex(a.index))
+    return paired_difference(a, b.reindex(a.index), videos=treated[MEMBER].nunique())
+
+
+def ordered(records: list[dict]) -> list[dict]:
+    """The tables' order: the suite's quantizers by width and name (each without, then with a sink), then the
+    transformers anchors."""
+    return sorted(records, key=lambda r: (r["labels"]["granularity"] == "transformers", r["labels"]["bits"],
+                                          r["labels"]["label"], r["labels"]["sink_tokens"]))
 
 
 def summary_table(records: list[dict], windows: pd.DataFrame) -> pd.DataFrame:
     """One row per (cache, treatment), in the store's run order and the experiment's treatment order."""
     rows, family = [], []
-    by_run = {r["run_id"]: r for r in records}
-    for (row, treatment), part in windows.groupby(["row", "treatment"], sort=False):
-        record = by_run[part.run_id.iloc[0]]
-        out = {"model": record["labels"]["model"], "cache": row, "bits": record["labels"]["bits"],
-               "group_size": record["labels"]["group_size"], "sink_tokens": record["labels"]["sink_tokens"],
-               "treatment": treatment, "windows": part[MEMBER].nunique(), "documents": part[UNIT].nunique(),
-               "nll_fp": clusters(part, "nll_fp").mean(), "nll": clusters(part, "nll").mean()}
-        for metric in METRICS:
-            iv = mean_interval(clusters(part, metric))
-            out.update({metric: iv.mean, f"{metric}_low": iv.low, f"{metric}_high": iv.high})
-        if treatment != BASELINE and BASELINE in set(windows[windows.row == row].treatment):
-            est = paired(windows, row, treatment)
-            out.update(change=est.delta, change_low=est.low, change_high=est.high, change_p=est.test.p,
-                       change_mde=est.mde)
-            family.append(len(rows))
-        memory = record["memory"]
-        out.update(held_bytes=memory.get("held"), stored_bytes=memory.get("stored"), bf16_bytes=memory.get("bf16"),
-                   seconds_per_window=record["seconds"].get(treatment), run_id=record["run_id"])
-        rows.append(out)
+    for record in ordered(records):
+        own = windows[windows.run_id == record["run_id"]]
+        for treatment in record["identity"]["treatments"]:
+            part = own[own.treatment == treatment]
+            if len(part):
+                row = _summary_row(record, part, windows, treatment, rows, family)
+                rows.append(row)
     table = pd.DataFrame(rows)
     if family:
-        adjusted = holm([rows[i]["change_p"] for i in family])
-        table.loc[family, "change_p_holm"] = adjusted
+        table.loc[family, "change_p_holm"] = holm([rows[i]["change_p"] for i in family])
     return table
+
+
+def _summary_row(record: dict, part: pd.DataFrame, windows: pd.DataFrame, treatment: str, rows: list,
+                 family: list) -> dict:
+    """One (cache, treatment) row; a paired test against none joins the Holm ``family``."""
+    row = part.row.iloc[0]
+    out = {"model": record["labels"]["model"], "cache": row, "bits": record["labels"]["bits"],
+           "group_size": record["labels"]["group_size"], "sink_tokens": record["labels"]["sink_tokens"],
+           "treatment": treatment, "windows": part[MEMBER].nunique(), "documents": part[UNIT].nunique(),
+           "nll_fp": clusters(part, "nll_fp").mean(), "nll": clusters(part, "nll").mean()}
+    for metric in METRICS:
+        iv = mean_interval(clusters(part, metric) if metric in part else pd.Series(dtype=float))
+        out.update({metric: iv.mean, f"{metric}_low": iv.low, f"{metric}_high": iv.high})
+    if treatment != BASELINE and BASELINE in set(windows[windows.row == row].treatment):
+        est = paired(windows, row, treatment)
+        out.update(change=est.delta, change_low=est.low, change_high=est.high, change_p=est.test.p,
+                   change_mde=est.mde)
+        family.append(len(rows))
+    memory = record["memory"]  # an anchor's (transformers' cache) bytes are not counted: NaN
+    out.update(held_bytes=memory.get("held", math.nan), stored_bytes=memory.get("stored", math.nan),
+               bf16_bytes=memory.get("bf16", math.nan), seconds_per_window=record["seconds"].get(treatment),
+               run_id=record["run_id"])
+    return out
 
 
 def _interval(row, metric: str, digits: int = 3) -> str:
@@ -101,6 +118,11 @@ def _interval(row, metric: str, digits: int = 3) -> str:
     if not math.isfinite(mean):
         return "missing"
     return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def _number(value, digits: int) -> str:
+    """A cell's number, or "missing" (an anchor row has no probes and no byte count)."""
+    return f"{value:.{digits}f}" if value is not None and math.isfinite(value) else "missing"
 
 
 def markdown(table: pd.DataFrame, records: list[dict]) -> str:
@@ -129,8 +151,8 @@ def markdown(table: pd.DataFrame, records: list[dict]) -> str:
         mde = "-" if change == "-" else f"{row.change_mde:.3f}"
         ratio = row.held_bytes / row.bf16_bytes if row.bf16_bytes else math.nan
         lines.append(f"| {row.cache} | {row.treatment} | {_interval(row, 'dnll')} | {change} | {p} | {mde} | "
-                     f"{_interval(row, 'delta_p_s', 4)} | {row.delta_p_s_abs:.4f} | {row.jsd:.4f} | {ratio:.3f} | "
-                     f"{row.seconds_per_window:.2f} |")
+                     f"{_interval(row, 'delta_p_s', 4)} | {_number(row.delta_p_s_abs, 4)} | {_number(row.jsd, 4)} | "
+                     f"{_number(ratio, 3)} | {_number(row.seconds_per_window, 2)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -139,8 +161,9 @@ def latex(table: pd.DataFrame) -> str:
              r"cache & treatment & $\Delta$NLL & change vs none & $\Delta P_S$ \\", r"\midrule"]
     for _, row in table.iterrows():
         change = "--" if row.treatment == BASELINE else f"{row.change:+.3f}"
+        shift = f"{row.delta_p_s:+.4f}" if math.isfinite(row.delta_p_s) else "--"
         cache = row.cache.replace("_", r"\_")
-        lines.append(f"{cache} & {row.treatment} & {row.dnll:+.3f} & {change} & {row.delta_p_s:+.4f} \\\\")
+        lines.append(f"{cache} & {row.treatment} & {row.dnll:+.3f} & {change} & {shift} \\\\")
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
 
 
@@ -152,14 +175,15 @@ def claims_markdown(records: list[dict], windows: pd.DataFrame, corrections: lis
     from jensenkv.report.endpoints import ABOUT_ZERO
 
     tags = {row_name(r["labels"]): setting_tags(r["identity"]) for r in records}
-    int2 = [row for row in dict.fromkeys(windows.row) if "INT2" in tags[row]]
+    int2 = [row_name(r["labels"]) for r in ordered(records) if "INT2" in tags[row_name(r["labels"])]]
     a = Claim("LLM-1a", "INT2 cached keys steal attention mass in a real pretrained LM",
               "uncorrected dP_S = P_S(quantized prefix) - P_S(same call, full-precision prefix), per window the mean "
               "over layers, per document the mean over its windows: claimed above 0, two-sided sign-flip test over "
-              "documents", ["dP_S uncorrected [95% CI]"])
+              "documents", ["dP_S uncorrected [95% CI]"], units="documents / windows")
     claims = [a]
     for row in int2:
-        est = shift_test(clusters(windows[(windows.row == row) & (windows.treatment == BASELINE)], "delta_p_s"))
+        base = windows[(windows.row == row) & (windows.treatment == BASELINE)]
+        est = shift_test(clusters(base, "delta_p_s"), videos=base[MEMBER].nunique())
         a.entries.append(superiority(row, tags[row], {a.columns[0]: fmt_interval(est_interval(est), "delta_p_s")},
                                      est, "above", "no uncorrected windows", "delta_p_s"))
     for correction in corrections:
@@ -168,18 +192,18 @@ def claims_markdown(records: list[dict], windows: pd.DataFrame, corrections: lis
                   f"margin {ABOUT_ZERO.value:g} ({ABOUT_ZERO.reason}); two one-sided sign-flip tests over documents "
                   f"(TOST at {ALPHA}), so the matching interval is the {ONE_SIDED_LEVEL:.0%} one",
                   [f"mean abs(dP_S) {correction} [{ONE_SIDED_LEVEL:.0%} CI]", "mean abs(dP_S) uncorrected"],
-                  fails=FAILS, margin=ABOUT_ZERO)
+                  fails=FAILS, margin=ABOUT_ZERO, units="documents / windows")
         c = Claim(f"LLM-2 ({correction})", f"the {correction} correction lowers the continuation's NLL",
                   f"NLL with {correction} - NLL uncorrected, per window over the same quantized prefix, per document "
                   "the mean over its windows: claimed below 0, two-sided sign-flip test over documents",
-                  ["dNLL uncorrected [95% CI]", f"change with {correction} [95% CI], p", "mde"])
+                  ["dNLL uncorrected [95% CI]", f"change with {correction} [95% CI], p"], units="documents / windows")
         for row in int2:
             own = windows[windows.row == row]
             if correction not in set(own.treatment):
                 continue
             treated = own[own.treatment == correction]
             abs_clusters = clusters(treated, "delta_p_s_abs")
-            fixed = shift_test(abs_clusters, level=ONE_SIDED_LEVEL)
+            fixed = shift_test(abs_clusters, level=ONE_SIDED_LEVEL, videos=treated[MEMBER].nunique())
             before = mean_interval(clusters(own[own.treatment == BASELINE], "delta_p_s_abs"))
             b.entries.append(margin_entry(row, tags[row], {
                 b.columns[0]: fmt_interval(est_interval(fixed), "delta_p_s", False),
@@ -188,8 +212,8 @@ def claims_markdown(records: list[dict], windows: pd.DataFrame, corrections: lis
             est = paired(windows, row, correction)
             base = mean_interval(clusters(own[own.treatment == BASELINE], "dnll"))
             c.entries.append(superiority(row, tags[row], {
-                c.columns[0]: fmt_interval(base, "dnll"), c.columns[1]: fmt_paired(est, "dnll"),
-                c.columns[2]: f"{est.mde:.3f}"}, est, "below", "no corrected windows", "dnll"))
+                c.columns[0]: fmt_interval(base, "dnll"), c.columns[1]: fmt_paired(est, "dnll")}, est, "below",
+                "no corrected windows", "dnll"))
         claims += [b, c]
     parts = ["## LLM partial-prefill (a real pretrained network)", "",
              f"{records[0]['identity']['model']['name']}, the store's INT2 rows; verdicts by the rule of this report "
@@ -298,9 +322,8 @@ def figure_layers(layers: pd.DataFrame, path: Path) -> None:
 def expected_runs() -> tuple[list[str], str]:
     """The run ids of ``experiment=llm_prefill`` here (weights digest and text identities read), and a note when
     they cannot be planned (the report then names that as its gap)."""
-    from jensenkv.llm.__main__ import compose
-    from jensenkv.llm.experiment import plan_runs
     from jensenkv.llm.text import load_source
+    from jensenkv.llm_config import compose, plan_runs
     from jensenkv.llm.weights import converted_dir, locate
 
     cfg = compose(["experiment=llm_prefill"])
@@ -326,8 +349,8 @@ def build(results: Path) -> list[Part]:
     gaps = [why] if why else []
     lacking = [run for run in expected if run not in have]
     if lacking:
-        gaps.append(f"{len(lacking)} of the {len(expected)} runs of experiment=llm_prefill (python -m jensenkv.llm "
-                    f"experiment=llm_prefill)")
+        gaps.append(f"{len(lacking)} of the {len(expected)} runs of experiment=llm_prefill (python -m "
+                    f"jensenkv.run.llm_prefill experiment=llm_prefill)")
     if not records:
         return [Part("llm_prefill", {"llm_prefill.md": text_file("# LLM partial-prefill: no runs in the store\n")},
                      gaps or ["no runs in the store"])]
@@ -365,12 +388,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="write an incomplete store's files in place of the committed ones")
     args = parser.parse_args(argv)
-    from jensenkv.llm.experiment import DamagedLlmRunError
+    from jensenkv.llm_store import DamagedLlmRunError
 
     try:
         parts = build(Path(args.results))
     except DamagedLlmRunError as e:
-        print(f"error: {e}; rerun `python -m jensenkv.llm experiment=llm_prefill` to redo it", file=sys.stderr)
+        print(f"error: {e}; rerun `python -m jensenkv.run.llm_prefill experiment=llm_prefill` to redo it", file=sys.stderr)
         sys.exit(3)
     published = publish(args.out or args.results, parts, args.allow_incomplete)
     for rel, path in published.paths.items():

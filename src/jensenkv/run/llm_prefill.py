@@ -1,4 +1,5 @@
-"""The partial-prefill experiment: one run per (quantizer preset, sink setting) over every window, in the suite's
+"""python -m jensenkv.run.llm_prefill [key=value ...]: the LLM partial-prefill experiment (configs/llm/,
+``jensenkv.llm_config``), e.g. ``experiment=llm_prefill``. One run per (quantizer preset, sink setting) over every window, in the suite's
 results store (``<results_dir>/llm_prefill/``), with its run ids, leased locks, resume and W&B.
 
 A run's identity holds the model's name and weights digest, each text source's package, version and digest, the
@@ -7,6 +8,10 @@ tokens, the treatments and the attention settings; its id is ``config_hash(ident
 is written on its own as soon as it is measured (``runs/<id>/windows/<index>.json``), so a killed experiment
 resumes where it stopped; a run's record (``record.json`` with ``windows.csv`` and ``layers.csv`` beside it,
 each listed with its size and sha256) is written once all its windows are in, holding the run's lock.
+
+Exit codes: 0 every run finished; 1 some run is being run by another process; 2 bad input (one line naming the key,
+the value and what is allowed, before any model loads); 130 interrupted (the measured windows are kept: a rerun
+resumes).
 
 Work is shared by windows, not runs: each of ``workers`` processes takes every ``workers``-th window and measures
 all unfinished runs on it, so the full-precision pass over a window (its NLL and the prefix's K/V) is computed
@@ -17,139 +22,29 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import json
 import logging
 import os
+import signal
+import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from jensenkv.hashing import config_hash
-from jensenkv.llm.config import LlmPrefillConfig
+from jensenkv.llm_config import LlmPrefillConfig, RunPlan, compose, plan_runs
+from jensenkv.llm_store import LAYERS_FILE, RECORD_SCHEMA, WINDOWS_FILE, finished, read_record, store_at, window_path
 from jensenkv.quant import QuantConfig
 
 log = logging.getLogger("jensenkv.llm")
-STORE_FOLDER = "llm_prefill"
-RECORD_SCHEMA = 1
-WINDOWS_FILE, LAYERS_FILE = "windows.csv", "layers.csv"
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    preset: str
-    sink_tokens: int
-    key: QuantConfig
-    value: QuantConfig
-    identity: dict
-    run_id: str
-
-    def labels(self, model: str) -> dict:
-        from jensenkv.report.rows import quantizer_label
-
-        key = self.key
-        row = {"quantizer": key.label, "zero_point": "symmetric" if key.symmetric else key.zero_convention,
-               "dither": key.dither, "smoothing": key.smoothing, "rotation": key.rotation,
-               "qvg_centroids": key.qvg_centroids if key.method == "qvg" else None}
-        return {"model": model, "preset": self.preset, "quantizer": key.label, "label": quantizer_label(row),
-                "bits": key.bits, "group_size": key.group_size, "granularity": key.granularity,
-                "sink_tokens": self.sink_tokens}
-
-
-def quant_preset(name: str) -> QuantConfig:
-    """A ``configs/quant`` preset as the video runs compose it (one definition of every quantizer)."""
-    from jensenkv.run.cli import group_options
-    from jensenkv.spec import compose_config
-
-    if name not in group_options("quant"):
-        raise ValueError(f"quantizers: {name!r} is not allowed: use presets of configs/quant "
-                         f"{tuple(group_options('quant'))}")
-    return QuantConfig.from_dict(compose_config([f"quant={name}"]).quant)
-
-
-def plan_runs(cfg: LlmPrefillConfig, weights_digest: str, sources: list[dict], head_dim: int) -> list[RunPlan]:
-    """Every run of the experiment, from the config and what it reads (weights digest, text identities)."""
-    from jensenkv.cache import CacheSettings
-
-    runs = []
-    for preset in cfg.quantizers:
-        quant = quant_preset(preset)
-        key, value = CacheSettings(values=cfg.values, full_precision_dtype="float32").key_value(quant, head_dim)
-        for sink in ([0, 1] if preset in cfg.sink_quantizers else [0]):
-            identity = {
-                "experiment": STORE_FOLDER,
-                "model": {"name": cfg.llm.name, "weights_digest": weights_digest, "dtype": cfg.llm.dtype},
-                "text": {"sources": sources, "windows_per_source": cfg.text.windows_per_source,
-                         "length": cfg.text.length, "prefix": cfg.text.prefix},
-                "key": dataclasses.asdict(key), "value": dataclasses.asdict(value), "sink_tokens": sink,
-                "treatments": list(cfg.treatments), "backend": cfg.attention.backend,
-                "probe_layers": cfg.attention.probe_layers, "diagnostics": cfg.attention.diagnostics,
-            }
-            runs.append(RunPlan(preset, sink, key, value, identity, config_hash(identity)))
-    return runs
-
-
-# --- the store ----------------------------------------------------------------------------------------------
-def store_of(cfg: LlmPrefillConfig):
-    from jensenkv.tracking import ResultsStore
-
-    return ResultsStore(Path(cfg.paths.results_dir) / STORE_FOLDER)
-
-
-def window_path(store, run_id: str, index: int) -> Path:
-    return store.run_dir(run_id) / "windows" / f"{index:04d}.json"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class DamagedLlmRunError(ValueError):
-    """A finished LLM run whose record or side files do not hold what its run id says."""
-
-
-def read_record(store, run_id: str) -> dict:
-    """The run's record, checked: its id, its identity's hash, and each side file's size and sha256."""
-    from jensenkv.tracking import read_json
-
-    path = store.record_path(run_id)
-    try:
-        record = read_json(path)
-    except Exception as e:  # noqa: BLE001 - not JSON, unreadable: the record is damaged
-        raise DamagedLlmRunError(f"damaged run {run_id} ({path}): not a readable JSON record ({e})") from None
-    if not isinstance(record, dict) or record.get("run_id") != run_id:
-        raise DamagedLlmRunError(f"damaged run {run_id} ({path}): its run_id is not its folder's")
-    if not isinstance(record.get("identity"), dict) or config_hash(record["identity"]) != run_id:
-        raise DamagedLlmRunError(f"damaged run {run_id} ({path}): its identity no longer hashes to its run id")
-    for name, entry in (record.get("files") or {}).items():
-        side = store.run_dir(run_id) / name
-        if not side.is_file() or side.stat().st_size != entry.get("bytes") or _sha256(side) != entry.get("sha256"):
-            raise DamagedLlmRunError(f"damaged run {run_id} ({side}): missing or changed since the run wrote it")
-    if set(record.get("files") or {}) != {WINDOWS_FILE, LAYERS_FILE}:
-        raise DamagedLlmRunError(f"damaged run {run_id} ({path}): it lists {sorted(record.get('files') or {})}, "
-                                 f"not {WINDOWS_FILE} and {LAYERS_FILE}")
-    return record
-
-
-def finished(store, run_id: str) -> bool:
-    """A sound record exists; a damaged one is named in one line and its run is done again."""
-    if not store.record_path(run_id).exists():
-        return False
-    try:
-        read_record(store, run_id)
-        return True
-    except DamagedLlmRunError as e:
-        log.warning("%s: it is run again", e)
-        return False
 
 
 # --- the work of one process: a share of the windows, every unfinished run ----------------------------------
-def _work(cfg_dict: dict, runs: list[tuple[str, dict, dict, int]], windows: list[tuple[int, list[int]]],
-          results_dir: str) -> int:
-    """Measure ``windows`` ((index, token ids)) for each run (run id, key, value, sink) lacking them; returns the
-    number of (run, window) results written. Runs in a worker process (or in process with workers=1)."""
+def _work(cfg_dict: dict, runs: list[tuple], windows: list[tuple[int, list[int]]], results_dir: str) -> int:
+    """Measure ``windows`` ((index, token ids)) for each run (``RunPlan.work``) lacking them; returns the number of
+    (run, window) results written. Runs in a worker process (or in process with workers=1)."""
     import torch
 
+    from jensenkv.llm.anchors import measure_anchor_window
     from jensenkv.llm.attention import register
     from jensenkv.llm.prefill import TREATMENTS, full_precision_pass, measure_window
     from jensenkv.llm.weights import load_causal_lm
@@ -171,10 +66,14 @@ def _work(cfg_dict: dict, runs: list[tuple[str, dict, dict, int]], windows: list
         start = time.perf_counter()
         fp = full_precision_pass(lm, tokens, cfg.text.prefix)
         fp_seconds = time.perf_counter() - start
-        for run_id, key, value, sink in todo:
-            result = measure_window(lm, tokens, cfg.text.prefix, QuantConfig(**key), treatments, sink_tokens=sink,
-                                    backend=cfg.attention.backend, diagnostics=cfg.attention.diagnostics,
-                                    values=cfg.values, fp=fp, probe_layers=cfg.attention.probe_layers)
+        for run_id, kind, job in todo:
+            if kind == "anchor":
+                result = measure_anchor_window(lm, tokens, cfg.text.prefix, job, float(fp[0].mean()))
+            else:
+                result = measure_window(lm, tokens, cfg.text.prefix, QuantConfig(**job["key"]), treatments,
+                                        sink_tokens=job["sink"], backend=cfg.attention.backend,
+                                        diagnostics=job["diagnostics"], values=cfg.values, fp=fp,
+                                        probe_layers=cfg.attention.probe_layers)
             result["seconds"]["full_precision"] = fp_seconds
             atomic_write_json(window_path(store, run_id, index), {"window": index, **result})
             written += 1
@@ -203,7 +102,7 @@ def assemble(store, plan: RunPlan, window_meta: list[dict], model_label: str, se
         for label, measured in result["treatments"].items():
             layers = pd.DataFrame(measured["layers"])
             means = layers.drop(columns=["layer", "sample"], errors="ignore").mean(numeric_only=True)
-            abs_shift = float(layers["delta_p_s"].abs().mean()) if len(layers) else float("nan")
+            abs_shift = float(layers["delta_p_s"].abs().mean()) if len(layers) else float("nan")  # no probes: NaN
             window_rows.append({**meta, "treatment": label, "nll": measured["nll"], "nll_fp": result["nll_fp"],
                                 "dnll": measured["nll"] - result["nll_fp"], "delta_p_s_abs": abs_shift,
                                 **means.to_dict()})
@@ -213,9 +112,11 @@ def assemble(store, plan: RunPlan, window_meta: list[dict], model_label: str, se
     files = {}
     for name, rows in ((WINDOWS_FILE, window_rows), (LAYERS_FILE, layer_rows)):
         text = io.StringIO()
-        pd.DataFrame(rows).to_csv(text, index=False, float_format="%.9g")
+        frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["window", "document", "treatment", "layer"])
+        frame.to_csv(text, index=False, float_format="%.9g")  # an anchor has no probes: a header, no rows
         path = atomic_write(store.run_dir(plan.run_id) / name, lambda f, t=text.getvalue(): f.write(t), mode="w")
-        files[name] = {"rows": len(rows), "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        files[name] = {"rows": len(rows), "bytes": path.stat().st_size,
+                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     frame = pd.DataFrame(window_rows)
     metrics = {}
     for label, part in frame.groupby("treatment", sort=False):
@@ -272,7 +173,7 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
 
     weights = locate(cfg.llm.name)
     sources = [load_source(name) for name in cfg.text.sources]
-    store = store_of(cfg)
+    store = store_at(cfg.paths.results_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     if weights.gguf_file is not None and not (converted_dir(weights) / "config.json").is_file():
         _work(_as_config_dict(cfg), [], [], str(store.root))  # the one-time dequantization, announced
@@ -309,17 +210,19 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
             say(f"llm_prefill: {len(todo)} run(s) of {len(runs)} to do over {len(spans)} windows "
                 f"({len(missing)} to measure, {kept} (run, window) results kept from an earlier start), "
                 f"{min(cfg.workers, max(1, len(missing)))} process(es)")
-            specs = [(p.run_id, dataclasses.asdict(p.key), dataclasses.asdict(p.value), p.sink_tokens) for p in todo]
+            specs = [p.work() for p in todo]
             shards = [[(i, list(spans[i].ids)) for i in missing[k::cfg.workers]] for k in range(cfg.workers)]
             shards = [s for s in shards if s]
             start = time.perf_counter()
+            from jensenkv.run.llm_prefill import _work as work  # by its module's name: spawned workers import it
+
             if len(shards) <= 1:
-                _work(_as_config_dict(cfg), specs, shards[0] if shards else [], str(store.root))
+                work(_as_config_dict(cfg), specs, shards[0] if shards else [], str(store.root))
             else:
                 context = multiprocessing.get_context("spawn")
                 os.environ.setdefault("OMP_NUM_THREADS", "1")
                 with ProcessPoolExecutor(len(shards), mp_context=context, initializer=_one_thread) as pool:
-                    for future in [pool.submit(_work, _as_config_dict(cfg), specs, shard, str(store.root))
+                    for future in [pool.submit(work, _as_config_dict(cfg), specs, shard, str(store.root))
                                    for shard in shards]:
                         future.result()
             seconds = time.perf_counter() - start
@@ -345,32 +248,53 @@ def describe(summary: dict) -> str:
             f"{len(summary['held_elsewhere'])} running elsewhere")
 
 
-def window_table(store, record: dict) -> "pd.DataFrame":  # noqa: F821 - pandas imported lazily
-    """A finished run's windows.csv as a DataFrame, with its labels as columns."""
-    import pandas as pd
 
-    frame = pd.read_csv(store.run_dir(record["run_id"]) / WINDOWS_FILE)
-    for key, value in record["labels"].items():
-        frame[key] = value
-    frame["run_id"] = record["run_id"]
-    return frame
-
-
-def layer_table(store, record: dict) -> "pd.DataFrame":  # noqa: F821
-    import pandas as pd
-
-    frame = pd.read_csv(store.run_dir(record["run_id"]) / LAYERS_FILE)
-    for key, value in record["labels"].items():
-        frame[key] = value
-    return frame
-
-
-def records(store) -> list[dict]:
-    """Every finished run's record; DamagedLlmRunError naming the first damaged one."""
-    if not store.runs_dir.is_dir():
-        return []
-    return [read_record(store, path.parent.name) for path in sorted(store.runs_dir.glob("*/record.json"))]
-
-
-def dump(obj) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+# --- the command line ----------------------------------------------------------------------------------------
+def _one_line(error: Exception) -> str:
+    from jensenkv.spec import field_error_line
+
+    text = str(error).split("Config search path:")[0]
+    cause = error.__cause__
+    if isinstance(cause, ValueError) and "full_key" not in str(cause):
+        return str(cause)
+    if cause is not None and "full_key:" in str(cause):
+        return field_error_line(cause)
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def main(argv: list[str] | None = None) -> None:
+    previous = signal.signal(signal.SIGINT, lambda *_: (print("interrupted: measured windows are kept; rerun to "
+                                                              "resume", file=sys.stderr), sys.exit(130)))
+    try:
+        _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _main(args: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from jensenkv.llm.text import MissingTextError
+    from jensenkv.llm.weights import MissingLlmWeightsError
+
+    try:
+        summary = run_experiment(compose(args))
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    except (MissingLlmWeightsError, MissingTextError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(describe(summary))
+    sys.exit(1 if summary["held_elsewhere"] else 0)
+
+
+if __name__ == "__main__":
+    main()
