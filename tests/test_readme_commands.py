@@ -147,6 +147,11 @@ def test_python_commands_pass_the_precheck_or_stop_on_missing_weights(command, n
     _line_sweeps_only(monkeypatch)
     module, *args = shlex.split(command)[2:]
     assert importlib.util.find_spec(module) is not None, f"`{command}`: no module {module}"
+    if module == "jensenkv.run.llm_prefill":  # its own config tree (configs/llm): composed and checked, not run
+        from jensenkv.llm_config import compose
+
+        compose(_parse_only(module, args, monkeypatch).settings)
+        return
     if module != "jensenkv.run":
         overrides = getattr(_parse_only(module, args, monkeypatch), "overrides", None)
         if overrides:

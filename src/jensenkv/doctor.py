@@ -108,7 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = args.metrics if args.metrics is not None else ev["metrics"]
     dims = args.vbench_dims if args.vbench_dims is not None else ev["vbench"]["dimensions"]
     checks = readiness(metrics, dims, args.lpips_net or ev["lpips"]["net"], None)
-    checks = [check_model(n, c) for n, c in models.items()] + checks
+    from jensenkv.llm.weights import PRESETS, check as check_llm
+
+    llms = [check_llm(preset) for preset in PRESETS] if args.models is None else []
+    checks = [check_model(n, c) for n, c in models.items()] + llms + checks
     print(format_report(checks))
     missing = sum(not c.ready for c in checks)
     if missing:  # say what the exit status means: a missing model or metric is normal on a machine without weights

@@ -15,6 +15,19 @@ import torch
 from jensenkv.llm.prefill import token_nll
 
 HF_AXIS = 0  # transformers.QuantizedCache's default axis_key / axis_value
+BACKEND_MODULES = {"quanto": ("optimum.quanto", "optimum-quanto"), "hqq": ("hqq", "hqq")}
+
+
+def check_backend(backend: str) -> None:
+    """One line before any work when an anchor's backend package does not import."""
+    import importlib
+
+    module, package = BACKEND_MODULES[backend]
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure means the anchor cannot run
+        raise ValueError(f"hf_anchors: {backend!r} needs the package {package}, which does not import here "
+                         f"({type(e).__name__}: {e}); `make setup` installs it, or leave {backend} out") from None
 HF_RESIDUAL = 128  # its default residual_length
 
 

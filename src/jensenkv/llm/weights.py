@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-FETCH_HINT = "run `make fetch-weights` on a machine with internet (or copy the files there), then retry"
+FETCH_HINT = ("run `make fetch-weights FETCH_ARGS='--only llms'` on a machine with internet (or copy the snapshot into "
+              "the Hugging Face cache), then retry")
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,17 @@ def load_causal_lm(model: str, dtype: str = "float32", device: str = "cpu", log=
     lm = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     return lm, tokenizer, weights
+
+
+def check(preset: str):
+    """A preset's readiness for ``make check-weights``: the file or snapshot it loads, present or not."""
+    from jensenkv.readiness import Check
+
+    spec = PRESETS[preset]
+    name = f"llm {preset} ({spec.name})"
+    try:
+        weights = locate(preset)
+    except MissingLlmWeightsError as e:
+        return Check(name, notes=[str(e)])
+    path = weights.directory / weights.gguf_file if weights.gguf_file else weights.directory
+    return Check(name, files=[(path, True)], modules=[("gguf", "gguf", None)] if weights.gguf_file else [])

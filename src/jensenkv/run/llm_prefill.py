@@ -171,8 +171,12 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
     from jensenkv.llm.text import load_source, windows
     from jensenkv.llm.weights import converted_dir, locate
 
+    from jensenkv.llm.anchors import check_backend
+
     weights = locate(cfg.llm.name)
     sources = [load_source(name) for name in cfg.text.sources]
+    for backend in cfg.hf_anchors:
+        check_backend(backend)
     store = store_at(cfg.paths.results_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     if weights.gguf_file is not None and not (converted_dir(weights) / "config.json").is_file():
@@ -274,10 +278,13 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def _main(args: list[str]) -> None:
-    if any(a in ("-h", "--help") for a in args):
-        print(__doc__)
-        return
+def _main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m jensenkv.run.llm_prefill", description=__doc__.split("\n\n")[0],
+                                     epilog="Fields and defaults: jensenkv/llm_config.py; experiments: configs/llm/")
+    parser.add_argument("settings", nargs="*", help="Hydra overrides: experiment=llm_prefill, key=value ...")
+    args = parser.parse_args(argv).settings
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
