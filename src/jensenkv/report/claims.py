@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from jensenkv.eval.stats import ALPHA, Interval, PairedDifference, SignFlip, holm, sign_flip
+from jensenkv.eval.stats import ALPHA, Interval, PairedDifference, SignFlip, holm, mean_interval, sign_flip
 from jensenkv.report.checks import checks_section
 from jensenkv.report.diagnostics import Diagnostics, diagnose, render_diagnostics
 from jensenkv.report.hints import fill_command
@@ -57,6 +57,8 @@ FIDELITY = {"psnr": "above", "ssim": "above", "lpips": "below", "vbench": "above
 NAMES = {"psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS", "vbench": "VBench", "delta_p_s": "dP_S",
          "delta_p_s_abs": "mean abs(dP_S)"}  # no "|" in a name: it would split a markdown table cell
 SHIFT_DIGITS = 4
+ONE_SIDED_LEVEL = 1 - 2 * ALPHA  # a one-sided test at ALPHA (TOST, non-inferiority) matches this interval: 90%
+MATCHING = f"[{ONE_SIDED_LEVEL:.0%} CI, the one-sided tests' own]"
 LLM_CLAIMS = "llm_claims.md"  # the LLM report's claims (jensenkv.report.llm_prefill), included as a section
 
 
@@ -238,7 +240,7 @@ def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
               f"layers do not cancel) with {correction}: equivalent to 0 within the margin {margin.value:g} "
               f"({margin.reason}); two one-sided sign-flip tests over prompts (TOST; the lower one is trivially met "
               "by an absolute value). The uncorrected mean abs(dP_S) and the paired change are shown for reference",
-              ["mean abs(dP_S) uncorrected", f"mean abs(dP_S) {correction} [95% CI]",
+              ["mean abs(dP_S) uncorrected", f"mean abs(dP_S) {correction} [95% CI]", MATCHING,
                "d mean abs(dP_S) [95% CI], p"],
               fails=FAILS, margin=margin)
     rows = _rows_at(opts, bits, "none")
@@ -257,7 +259,9 @@ def claim_shift(opts: Options, bits: int, correction: str) -> list[Claim]:
         before = opts.interval(row, "none", "delta_p_s_abs")
         numbers = {b.columns[0]: fmt_interval(before, "delta_p_s", False),
                    b.columns[1]: fmt_interval(est_interval(fixed), "delta_p_s", False),
-                   b.columns[2]: fmt_paired(opts.paired(row, correction, "delta_p_s_abs"), "delta_p_s")}
+                   b.columns[2]: fmt_interval(mean_interval(opts.clusters(row, correction, "delta_p_s_abs"),
+                                                            level=ONE_SIDED_LEVEL), "delta_p_s", False),
+                   b.columns[3]: fmt_paired(opts.paired(row, correction, "delta_p_s_abs"), "delta_p_s")}
         entry = margin_entry(row, tags, numbers, fixed, opts.clusters(row, correction, "delta_p_s_abs"),
                              margin.value, "equivalence", "below",
                              opts.missing_reason(row, correction, "delta_p_s_abs"), "delta_p_s_abs")
@@ -320,7 +324,7 @@ def claim_memory(opts: Options, bits: int, reference_bits: int, correction: str)
                       f"non-inferior, i.e. at most {margin.value:g} {worse} (the margin: {margin.reason}); one-sided "
                       "sign-flip test over prompts (paper: 2.19 vs 4.38 bits on MAGI-1, \"50% less memory\")",
                       ["effective bits", f"{name} INT{bits} {correction}", f"{name} INT{reference_bits} none",
-                       f"d{name} [95% CI]"], fails=FAILS, margin=margin)
+                       f"d{name} [95% CI]", MATCHING], fails=FAILS, margin=margin)
         if not low_rows:
             claim.missing.append(f"no {correction}-corrected INT{bits} run in the store")
         for quantizer in dict.fromkeys(opts.first(r, "quantizer") for r in low_rows):
@@ -343,7 +347,10 @@ def claim_memory(opts: Options, bits: int, reference_bits: int, correction: str)
                     numbers = {claim.columns[0]: f"{low_bits:.2f} vs {ref_bits:.2f} ({low_bits / ref_bits - 1:+.0%})",
                                claim.columns[1]: fmt_interval(opts.interval(row, correction, metric), metric, False),
                                claim.columns[2]: fmt_interval(opts.interval(ref, "none", metric), metric, False),
-                               claim.columns[3]: fmt_interval(est_interval(diff), metric)}
+                               claim.columns[3]: fmt_interval(est_interval(diff), metric),
+                               claim.columns[4]: fmt_interval(mean_interval(
+                                   opts.across_clusters(row, correction, ref, "none", metric),
+                                   level=ONE_SIDED_LEVEL), metric)}
                     reason = opts.missing_reason(row, correction, metric) if not len(
                         opts.values(row, correction, metric)) else opts.missing_reason(ref, "none", metric)
                     claim.entries.append(margin_entry(

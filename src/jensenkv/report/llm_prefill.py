@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from jensenkv.eval.stats import ALPHA, holm, mean_interval, paired_difference, shift_test, sign_flip
+from jensenkv.eval.stats import ALPHA, holm, mean_interval, paired_difference, shift_test
+from jensenkv.report.claims import ONE_SIDED_LEVEL
 from jensenkv.report.publish import Part, add_store_args, publish, text_file
 from jensenkv.report.rows import cluster_means, setting_tags
 
 BASELINE = "none"
 UNIT, MEMBER = "document", "window"
 METRICS = ("dnll", "delta_p_s", "delta_p_s_abs", "jsd", "out_rel_err")
-ONE_SIDED_LEVEL = 1 - 2 * ALPHA  # the interval that matches a one-sided test at ALPHA: 90%
 
 
 def row_name(labels: dict) -> str:

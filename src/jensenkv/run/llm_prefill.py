@@ -172,7 +172,10 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
     from jensenkv.llm.weights import converted_dir, locate
 
     from jensenkv.llm.anchors import check_backend
+    from jensenkv.llm_config import quant_preset
 
+    for preset in cfg.quantizers:  # every bad name in one line before anything is read
+        quant_preset(preset)
     weights = locate(cfg.llm.name)
     sources = [load_source(name) for name in cfg.text.sources]
     for backend in cfg.hf_anchors:
