@@ -35,6 +35,14 @@ UNIT, MEMBER = "document", "window"
 METRICS = ("dnll", "delta_p_s", "delta_p_s_abs", "jsd", "out_rel_err")
 
 
+def treatment_order(present) -> list[str]:
+    """The treatments present, in the experiment's order (none, taylor, exact, taylor2, ...)."""
+    from jensenkv.llm.prefill import TREATMENTS
+
+    present = set(present)
+    return [t for t in TREATMENTS if t in present] + sorted(present - set(TREATMENTS))
+
+
 def row_name(labels: dict) -> str:
     sink = ", first token full precision" if labels.get("sink_tokens") else ""
     return f"{labels['label']} INT{labels['bits']} g{labels['group_size']}{sink}"
@@ -300,19 +308,26 @@ def figure_layers(layers: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     int2 = layers[(layers.bits == 2) & (layers.sink_tokens == 0)]
-    presets = list(dict.fromkeys(int2.row))
-    fig, axes = plt.subplots(1, len(presets), figsize=(3.2 * len(presets), 3.2), sharey=True, squeeze=False)
-    for ax, row in zip(axes[0], presets):
-        own = int2[int2.row == row]
-        for treatment, part in own.groupby("treatment", sort=False):
-            per_layer = part.groupby("layer")["delta_p_s"].mean()
-            ax.plot(per_layer.index, per_layer.values, label=treatment, lw=1.2)
+    caches = list(dict.fromkeys(int2.row))
+    treatments = treatment_order(int2.treatment)
+    colors = {t: f"C{i}" for i, t in enumerate(treatments)}  # one colour per treatment in every panel
+    columns = min(4, len(caches))
+    rows = -(-len(caches) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), sharey=True, squeeze=False)
+    for ax, cache in zip(axes.flat, caches):
+        own = int2[int2.row == cache]
+        for treatment in treatments:
+            per_layer = own[own.treatment == treatment].groupby("layer")["delta_p_s"].mean()
+            ax.plot(per_layer.index, per_layer.values, label=treatment, lw=1.2, color=colors[treatment])
         ax.axhline(0, color="black", lw=0.6)
-        ax.set_title(row, fontsize=7)
-        ax.set_xlabel("layer")
-    axes[0][0].set_ylabel("dP_S (mean over windows)")
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"{layers.model.iloc[0]}: attention mass the quantized prefix takes, per layer", fontsize=9)
+        ax.set_title(cache, fontsize=7)
+        ax.set_xlabel("layer", fontsize=8)
+    for ax in axes.flat[len(caches):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("dP_S, mean over windows", fontsize=8)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{layers.model.iloc[0]}: attention mass the quantized prefix takes, per layer (INT2)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -363,7 +378,7 @@ def build(results: Path) -> list[Part]:
     per_layer = layers.groupby(["model", "row", "quantizer", "bits", "group_size", "sink_tokens", "treatment",
                                 "layer"], sort=False).mean(numeric_only=True).reset_index()
     per_layer = per_layer.drop(columns=["window"], errors="ignore")
-    corrections = [t for t in dict.fromkeys(windows.treatment) if t != BASELINE]
+    corrections = [t for t in treatment_order(windows.treatment) if t != BASELINE]
     stats = attention_stats(layers, Path(results) / "table1_layers.csv")
     model = records[0]["identity"]["model"]["name"]
     files = {
