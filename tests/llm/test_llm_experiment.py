@@ -42,6 +42,27 @@ def test_smollm2_loads_from_its_wheel(smollm2):
     assert 0.5 < float(nll) < 6.0  # a trained model, not random weights (log 49152 = 10.8)
 
 
+def test_smollm2_full_precision_prefix_equals_eager_over_a_window(smollm2):
+    """A real window (640 tokens of The Devil's Dictionary): the prefix in a full-precision JensenKVCache, the
+    continuation teacher-forced over it, equals transformers' eager attention on the whole window to 1e-5."""
+    from jensenkv.attention.config import AttentionConfig
+    from jensenkv.llm import JensenKVCache, register
+    from jensenkv.quant import QuantConfig
+
+    lm, tokenizer, _ = smollm2
+    ids = torch.tensor([windows(load_source("devil"), tokenizer, 640, 1)[0].ids])
+    register()
+    with torch.no_grad():
+        lm.set_attn_implementation("eager")
+        expected = lm(ids).logits
+        lm.set_attn_implementation("jensenkv")
+        cache = JensenKVCache(lm.config, QuantConfig(method="none", store_dtype="float32"),
+                              AttentionConfig(correction="taylor"))
+        got = torch.cat([lm(ids[:, :512], past_key_values=cache).logits,
+                         lm(ids[:, 512:], past_key_values=cache).logits], dim=1)
+    assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
+
+
 @pytest.mark.parametrize("name", ["/no/such/model", "nobody/no-such-model", "not a model"])
 def test_missing_weights_are_one_line(name):
     with pytest.raises(MissingLlmWeightsError) as error:
