@@ -83,7 +83,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) -m jensenkv.report.claims
 	$(PY) -m jensenkv.report.videos --figure  # -> results/figures/video_strip.png; BF16 | quantized | corrected -> results/videos/
 
-reproduce-llm: setup text ## the LLM partial-prefill diagnostic on SmolLM2-135M -> results/llm_prefill.{csv,md,tex}, results/llm_claims.md, results/figures/llm_*.png (~29 min on 2 cores, README)
+reproduce-llm: setup text ## the LLM partial-prefill diagnostic on SmolLM2-135M -> results/llm_prefill.{csv,md,tex}, results/llm_claims.md, results/figures/llm_*.png (29-33 min on 2 cores, README)
 	$(PY) -m jensenkv.run.llm_prefill experiment=llm_prefill
 	$(PY) -m jensenkv.report.llm_prefill  # claims.md includes its llm_claims.md when report.claims next runs (reproduce-table1)
 
