@@ -31,7 +31,7 @@ def window_path(store, run_id: str, index: int) -> Path:
     return store.run_dir(run_id) / "windows" / f"{index:04d}.json"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -54,7 +54,7 @@ def read_record(store, run_id: str) -> dict:
         raise DamagedLlmRunError(f"damaged run {run_id} ({path}): its identity no longer hashes to its run id")
     for name, entry in (record.get("files") or {}).items():
         side = store.run_dir(run_id) / name
-        if not side.is_file() or side.stat().st_size != entry.get("bytes") or _sha256(side) != entry.get("sha256"):
+        if not side.is_file() or side.stat().st_size != entry.get("bytes") or file_sha256(side) != entry.get("sha256"):
             raise DamagedLlmRunError(f"damaged run {run_id} ({side}): missing or changed since the run wrote it")
     if set(record.get("files") or {}) != {WINDOWS_FILE, LAYERS_FILE}:
         raise DamagedLlmRunError(f"damaged run {run_id} ({path}): it lists {sorted(record.get('files') or {})}, "
@@ -74,23 +74,14 @@ def finished(store, run_id: str) -> bool:
         return False
 
 
-def window_table(store, record: dict) -> "pd.DataFrame":  # noqa: F821 - pandas imported lazily
-    """A finished run's windows.csv as a DataFrame, with its labels as columns."""
+def side_table(store, record: dict, name: str) -> "pd.DataFrame":  # noqa: F821 - pandas imported lazily
+    """A finished run's side file (WINDOWS_FILE or LAYERS_FILE) as a DataFrame, its labels and run id as columns."""
     import pandas as pd
 
-    frame = pd.read_csv(store.run_dir(record["run_id"]) / WINDOWS_FILE)
+    frame = pd.read_csv(store.run_dir(record["run_id"]) / name)
     for key, value in record["labels"].items():
         frame[key] = value
     frame["run_id"] = record["run_id"]
-    return frame
-
-
-def layer_table(store, record: dict) -> "pd.DataFrame":  # noqa: F821
-    import pandas as pd
-
-    frame = pd.read_csv(store.run_dir(record["run_id"]) / LAYERS_FILE)
-    for key, value in record["labels"].items():
-        frame[key] = value
     return frame
 
 

@@ -115,8 +115,10 @@ def cached_attention(
     check_causal(causal, q.shape[2], k_cur.shape[2])
     scale = resolve_scale(scale, q.shape[-1])
     corrected = correction != "none" and any(segment_has_steps(seg) for seg in segments)
-    n_cached = sum(segment_shape(seg, "k")[2] for seg in segments)
-    mask = causal_additive(q.shape[2], n_cached, k_cur.shape[2], q.dtype, q.device) if causal else None
+    mask = None  # (Q, K_total) additive, a causal call only (the video paths pay nothing for it)
+    if causal:
+        n_cached = sum(segment_shape(seg, "k")[2] for seg in segments)
+        mask = causal_additive(q.shape[2], n_cached, k_cur.shape[2], q.dtype, q.device)
     if corrected and second_order:
         return second_order_attention(q, k_cur, v_cur, segments, correction, scale, strength, causal=causal)
     if corrected:

@@ -14,6 +14,8 @@ call is plain causal attention over the keys it is given, so the function is a d
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from jensenkv.attention.backends import get_backend
@@ -27,10 +29,16 @@ NAME = "jensenkv"
 _PLAIN = AttentionConfig()  # a call without a JensenKVCache: the fast CPU path, no correction
 
 
+_CHECKED: list = [None]  # (weakref to the last mask found causal, Q, K_total): every layer of a forward shares it
+
+
 def _check_mask(mask: torch.Tensor | None, n_q: int, n_total: int) -> None:
     """The 4-D mask transformers built must be the causal pattern this function applies itself: a padded batch
-    (or any other mask) is refused rather than silently dropped."""
+    (or any other mask) is refused rather than silently dropped. Checked once per mask, not once per layer."""
     if mask is None:
+        return
+    last = _CHECKED[0]
+    if last is not None and last[0]() is mask and last[1:] == (n_q, n_total):
         return
     visible = mask if mask.dtype == torch.bool else mask == 0  # (B, 1, Q, K_total)
     rows = torch.arange(n_q, device=mask.device).unsqueeze(1) + (n_total - n_q)
@@ -38,6 +46,7 @@ def _check_mask(mask: torch.Tensor | None, n_q: int, n_total: int) -> None:
     if visible.shape[-2:] != causal.shape or not bool((visible == causal).all()):
         raise ValueError("attention_mask: attn_implementation='jensenkv' applies the causal mask itself and "
                          "takes no padding or custom masks; pass unpadded sequences (batch rows of equal length)")
+    _CHECKED[0] = (weakref.ref(mask), n_q, n_total)
 
 
 def jensenkv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -52,7 +61,7 @@ def jensenkv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     groups = query.shape[1] // key.shape[1]
     stored = layer.segments() if layer is not None else []
     segments = [expand_segment(seg, groups) for seg in stored]  # (B, H, K_i, D) views for this call only
-    n_cached = sum(seg.k.shape[2] for seg in segments)
+    n_cached = layer.store.num_tokens if layer is not None else 0  # the visible chunks' tokens (no dequantizing)
     _check_mask(attention_mask, query.shape[2], n_cached + key.shape[2])
     k_cur = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (B, H, R, D)
     v_cur = value.repeat_interleave(groups, dim=1) if groups > 1 else value

@@ -50,15 +50,14 @@ def row_name(labels: dict) -> str:
 
 def load(results: Path) -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
     """(records, every window row, every layer row) of the LLM store; rows carry their run's labels."""
-    from jensenkv.llm_store import layer_table, records, store_at, window_table
+    from jensenkv.llm_store import LAYERS_FILE, WINDOWS_FILE, records, side_table, store_at
 
     store = store_at(results)
     found = records(store)
     if not found:
         return [], pd.DataFrame(), pd.DataFrame()
-    windows = pd.concat([window_table(store, r).assign(row=row_name(r["labels"])) for r in found],
-                        ignore_index=True)
-    layers = pd.concat([layer_table(store, r).assign(row=row_name(r["labels"])) for r in found], ignore_index=True)
+    windows, layers = (pd.concat([side_table(store, r, name).assign(row=row_name(r["labels"])) for r in found],
+                                 ignore_index=True) for name in (WINDOWS_FILE, LAYERS_FILE))
     return found, windows, layers
 
 

@@ -20,7 +20,6 @@ once for every quantizer.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import logging
 import os
@@ -32,14 +31,23 @@ from pathlib import Path
 
 from jensenkv.hashing import config_hash
 from jensenkv.llm_config import LlmPrefillConfig, RunPlan, compose, plan_runs
-from jensenkv.llm_store import LAYERS_FILE, RECORD_SCHEMA, WINDOWS_FILE, finished, read_record, store_at, window_path
+from jensenkv.llm_store import (
+    LAYERS_FILE,
+    RECORD_SCHEMA,
+    WINDOWS_FILE,
+    file_sha256,
+    finished,
+    read_record,
+    store_at,
+    window_path,
+)
 from jensenkv.quant import QuantConfig
 
 log = logging.getLogger("jensenkv.llm")
 
 
 # --- the work of one process: a share of the windows, every unfinished run ----------------------------------
-def _work(cfg_dict: dict, runs: list[tuple], windows: list[tuple[int, list[int]]], results_dir: str) -> int:
+def _work(cfg: LlmPrefillConfig, runs: list[tuple], windows: list[tuple[int, list[int]]], results_dir: str) -> int:
     """Measure ``windows`` ((index, token ids)) for each run (``RunPlan.work``) lacking them; returns the number of
     (run, window) results written. Runs in a worker process (or in process with workers=1)."""
     import torch
@@ -50,7 +58,6 @@ def _work(cfg_dict: dict, runs: list[tuple], windows: list[tuple[int, list[int]]
     from jensenkv.llm.weights import load_causal_lm
     from jensenkv.tracking import ResultsStore, atomic_write_json
 
-    cfg = LlmPrefillConfig(**{**cfg_dict})
     store = ResultsStore(results_dir)
     torch.manual_seed(0)
     register()
@@ -78,11 +85,6 @@ def _work(cfg_dict: dict, runs: list[tuple], windows: list[tuple[int, list[int]]
             atomic_write_json(window_path(store, run_id, index), {"window": index, **result})
             written += 1
     return written
-
-
-def _as_config_dict(cfg: LlmPrefillConfig) -> dict:
-    """The config as plain nested dataclasses' fields, rebuilt in a worker (spawned processes get pickles)."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
 
 # --- records ----------------------------------------------------------------------------------------------------
@@ -115,8 +117,7 @@ def assemble(store, plan: RunPlan, window_meta: list[dict], model_label: str, se
         frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["window", "document", "treatment", "layer"])
         frame.to_csv(text, index=False, float_format="%.9g")  # an anchor has no probes: a header, no rows
         path = atomic_write(store.run_dir(plan.run_id) / name, lambda f, t=text.getvalue(): f.write(t), mode="w")
-        files[name] = {"rows": len(rows), "bytes": path.stat().st_size,
-                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        files[name] = {"rows": len(rows), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
     frame = pd.DataFrame(window_rows)
     metrics = {}
     for label, part in frame.groupby("treatment", sort=False):
@@ -169,7 +170,7 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
     from jensenkv.llm.text import load_source, windows
-    from jensenkv.llm.weights import converted_dir, locate
+    from jensenkv.llm.weights import converted_dir, load_causal_lm, locate
 
     from jensenkv.llm.anchors import check_backend
     from jensenkv.llm_config import quant_preset
@@ -183,7 +184,7 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
     store = store_at(cfg.paths.results_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     if weights.gguf_file is not None and not (converted_dir(weights) / "config.json").is_file():
-        _work(_as_config_dict(cfg), [], [], str(store.root))  # the one-time dequantization, announced
+        load_causal_lm(cfg.llm.name, log=say)  # the one-time dequantization, announced, before any worker
     folder = converted_dir(weights) if weights.gguf_file is not None else weights.directory
     model_config = AutoConfig.from_pretrained(str(folder)).get_text_config(decoder=True)
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
@@ -224,12 +225,12 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
             from jensenkv.run.llm_prefill import _work as work  # by its module's name: spawned workers import it
 
             if len(shards) <= 1:
-                work(_as_config_dict(cfg), specs, shards[0] if shards else [], str(store.root))
+                work(cfg, specs, shards[0] if shards else [], str(store.root))
             else:
                 context = multiprocessing.get_context("spawn")
                 os.environ.setdefault("OMP_NUM_THREADS", "1")
                 with ProcessPoolExecutor(len(shards), mp_context=context, initializer=_one_thread) as pool:
-                    for future in [pool.submit(work, _as_config_dict(cfg), specs, shard, str(store.root))
+                    for future in [pool.submit(work, cfg, specs, shard, str(store.root))
                                    for shard in shards]:
                         future.result()
             seconds = time.perf_counter() - start
