@@ -236,7 +236,7 @@ def test_exact_split_equals_elementwise_on_outlier_queries(dtype: torch.dtype, g
     q[..., 17] *= -12.0
     step = (torch.rand(2, 3, 50, groups, generator=gen, dtype=dtype) * 0.8 + 0.05)
     split = correction.exact_group_bias_split(q, step, 0.125)
-    elementwise = correction._exact_group_bias_tiled(q, step, 0.125)
+    elementwise = jensen_bias(q, expand_group_steps(GroupSteps(step), 64), "exact", 0.125)
     tol = 1e-5 if dtype == torch.float32 else 1e-10
     assert torch.allclose(split, elementwise, rtol=tol, atol=tol)
     w = 0.0625 * q * step.amax(dim=-2, keepdim=True).repeat_interleave(64 // groups, dim=-1)

@@ -31,7 +31,7 @@ _SERIES_TERMS_SMALL = 8
 # group_bias(exact) uses the series as matmuls while scale/2 * max|q| * max D <= this bound.
 SERIES_MAX_ARG = 1.5
 _SERIES_TERMS_GROUP = 14  # truncation error ~ (1.5/pi)^28 / 14 ~ 1e-10 at the bound
-# fallback: elements per query tile of the elementwise exact bias (bounds its memory)
+# the exact bias's elementwise pairs: elements per chunk (bounds their memory)
 _TILE_ELEMENTS = 1 << 22
 
 
@@ -230,8 +230,8 @@ def exact_group_bias_split(qb: torch.Tensor, step: torch.Tensor, scale: float) -
     - the other (query, channel) pairs, few: log_sinhc elementwise over the keys, added to their query's row
       (tiles of at most _TILE_ELEMENTS elements).
     Keys whose steps repeat in runs (KIVI's per-channel keys share a step over each group of tokens) are computed
-    once per run and the columns repeated. Equal to ``_exact_group_bias_tiled`` (every element elementwise) to
-    float rounding, at a small share of its cost.
+    once per run and the columns repeated. Equal to ``jensen_bias`` (every element elementwise) to float rounding,
+    at a small share of its cost.
     """
     runs, counts = torch.unique_consecutive(step, dim=-2, return_counts=True)  # (B, H, K_runs, G)
     if runs.shape[-2] < step.shape[-2]:
@@ -356,17 +356,3 @@ def _exact_group_bias_series(
     """sum_n a_n (scale D_kj / 2)^(2n) sum_{c in j} q_c^(2n) as one (Q, G*N) x (G*N, K) matmul."""
     q_cols, k_cols = exact_series_columns(qb, step, scale, q_max, _SERIES_TERMS_GROUP)
     return q_cols @ k_cols.transpose(-1, -2)  # (B, H, Q, K)
-
-
-def _exact_group_bias_tiled(qb: torch.Tensor, step: torch.Tensor, scale: float) -> torch.Tensor:
-    """Elementwise exact bias over query tiles: memory (tile, K, D) with tile*K*D <= _TILE_ELEMENTS."""
-    batch, heads, n_q, dim = qb.shape
-    n_k, groups = step.shape[-2:]
-    half = 0.5 * scale * step.unsqueeze(-3).unsqueeze(-1)  # (B, H, 1, K, G, 1)
-    tile = max(1, _TILE_ELEMENTS // max(1, batch * heads * n_k * dim))
-    out = []
-    for start in range(0, n_q, tile):
-        q_tile = qb[:, :, start : start + tile].unflatten(-1, (groups, dim // groups))  # (B, H, t, G, g)
-        x = q_tile.unsqueeze(-3) * half  # (B, H, t, K, G, g)
-        out.append(log_sinhc(x).sum((-1, -2)))  # (B, H, t, K)
-    return torch.cat(out, dim=-2)  # (B, H, Q, K)
