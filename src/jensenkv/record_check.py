@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ INTEGER_LABELS = {"bits": False, "group_size": True, "sink_chunks": True, "windo
 METRIC_KEYS = {"attention": "delta_p_s_mean", "teacher_forced": "tf_rel_err"}  # a metric's key, where not its name
 PROBE_VIDEO = ("prompt_index", "seed")  # the video of a probe row (prompt_index: the video's index in per_prompt)
 PROBE_COLUMNS = (*PROBE_VIDEO, "layer", "step", "chunk", "branch", "p_s", "p_s_ref", "delta_p_s")
-TEXT_COLUMNS = ("branch",)  # every other probe column holds numbers
+LEGACY_TEXT_COLUMNS = ("branch",)  # a record written before ``files`` listed its tables' text columns
 SHOWN = 3  # how many missing videos a message names
 
 
@@ -179,9 +179,16 @@ def check_side_files(run_id: str, run_dir: Path, record: dict) -> None:
                                                 "since the run wrote it")
 
 
-def side_file_entry(path: Path, rows: int) -> dict:
-    """The record's ``files`` entry of a side file just written."""
-    return {"rows": int(rows), "bytes": path.stat().st_size}
+def text_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of a table about to be written that hold labels, not numbers (a probe's ``branch``, a
+    family's own labels such as WorldPlay's ``stream``): what the writer writes, so the check needs no list."""
+    return [str(c) for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def side_file_entry(path: Path, frame: pd.DataFrame) -> dict:
+    """The record's ``files`` entry of a table ``frame`` just written to ``path``: its rows, its bytes and its
+    text columns (every other column must read back as numbers)."""
+    return {"rows": len(frame), "bytes": path.stat().st_size, "text_columns": text_columns(frame)}
 
 
 def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | None:
@@ -200,7 +207,11 @@ def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | N
         if listed is None:
             return None
         raise damaged(f"missing: the record lists it with {listed.get('rows')} rows") from None
-    frame = _probe_table(data, damaged)
+    text = listed.get("text_columns", LEGACY_TEXT_COLUMNS) if listed is not None else LEGACY_TEXT_COLUMNS
+    if not isinstance(text, list) or not all(isinstance(c, str) for c in text):
+        raise DamagedRunError(run_id, run_dir / "record.json", f"files.{ATTENTION_FILE}.text_columns = {text!r} is "
+                              "not a list of column names")
+    frame = _probe_table(data, damaged, text)
     if listed is not None:
         _check_probe_rows(frame, record, listed, damaged)
         if len(data) != listed.get("bytes"):
@@ -208,8 +219,9 @@ def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | N
     return frame
 
 
-def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError]) -> pd.DataFrame:
-    """The bytes of a probe table as a DataFrame: text, CSV, the probe columns, rows, numbers."""
+def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError], text: Sequence[str]) -> pd.DataFrame:
+    """The bytes of a probe table as a DataFrame: text, CSV, the probe columns, rows, numbers in every column
+    but the ``text`` ones."""
     if not data or data.isspace():
         raise damaged("empty: no header and no rows")
     try:
@@ -227,7 +239,7 @@ def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError]) -> pd.D
     if not data.endswith(b"\n"):
         raise damaged(f"truncated: its last row (line {len(frame) + 1}) is cut off")
     for column in frame.columns:
-        if column in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(frame[column]):
+        if column in text or pd.api.types.is_numeric_dtype(frame[column]):
             continue
         values = frame[column]
         text_rows = values[pd.to_numeric(values, errors="coerce").isna() & values.notna()]

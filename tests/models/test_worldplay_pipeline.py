@@ -11,6 +11,7 @@ from jensenkv.generate import flow_sigmas, generate_video
 from jensenkv.models.adapters import build_adapter
 from jensenkv.models.worldplay.schedule import worldplay_sigmas, worldplay_timesteps
 from jensenkv.run import preset, run_overrides
+from jensenkv.tracking import ResultsStore, load_attention
 
 TINY = ("model=worldplay_tiny", "model.device=cpu")
 
@@ -107,6 +108,13 @@ def test_the_tiny_run_writes_a_record_with_delta_ps_and_psnr(tmp_path):
     assert 0 < metrics["psnr"] < float("inf")
     # the last chunk's memory: 12 frames x 64 tokens, K and V, 2 heads x 32 channels, 2 layers x 2 streams
     assert metrics["cache_bytes"] == 2 * 2 * (12 * 64) * 2 * (2 * 32) * 2.75 / 8
+    # the probe table, with WorldPlay's own text column (the key stream), reads back whole, and a rerun is a no-op
+    probes = load_attention(tmp_path, record["run_id"])
+    assert set(probes["stream"]) == {"rope", "prope"} and probes["p_s"].dtype == float
+    assert ResultsStore(tmp_path).damage(record["run_id"]) is None
+    again = run_overrides([*TINY, "eval.num_prompts=1", "logger=disabled", "eval.metrics=[psnr,attention]",
+                           f"paths.results_dir={tmp_path}", "quant.bits=2", "correction=taylor"])
+    assert again["created_at"] == record["created_at"]
 
 
 def test_calibration_fits_a_strength_per_layer_and_head_from_both_key_streams(tmp_path):

@@ -487,7 +487,7 @@ class Runner:
             from jensenkv.tracking import ATTENTION_FILE, atomic_write, side_file_entry
 
             path = atomic_write(self.run_dir / ATTENTION_FILE, lambda f: attention.to_csv(f, index=False), mode="w")
-            files[ATTENTION_FILE] = side_file_entry(path, len(attention))
+            files[ATTENTION_FILE] = side_file_entry(path, attention)
         used: list[str] = []
         if "vbench" in spec.eval.metrics:
             videos = {str(self.run_dir / "videos" / r["video"]): r["prompt"] for r in results}
