@@ -53,3 +53,51 @@ def test_bad_input_stops_in_one_line_before_any_job(entry, fixtures, tmp_path, m
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert entry["key"] in lines[0], lines[0]
     assert not (tmp_path / "results" / "runs").exists()  # no job wrote anything
+
+
+# as a user meets them: a fresh `python -m jensenkv.run` per entry. Every environment-variable entry (a module
+# that read one at import would escape the in-process run above) and the entries marked fresh.
+FRESH = [pytest.param(e, id=e["name"]) for e in TABLE if e.get("env") or e.get("fresh")]
+
+
+def test_the_fresh_process_sample_holds_every_environment_case():
+    assert len(FRESH) >= 10 and any(e.get("fresh") and not e.get("env") for e in TABLE)
+
+
+@pytest.mark.parametrize("entry", FRESH)
+def test_bad_input_stops_a_fresh_process_in_one_line(entry, fixtures, tmp_path):
+    outcome, stderr = bad_inputs.run_entry(entry, fixtures, tmp_path, timeout=120)
+    assert outcome == "stopped", stderr[-2000:]
+
+
+def _python_m_run(args: list[str], tmp_path: Path, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "jensenkv.run", *args], cwd=tmp_path, text=True,
+                            env={**os.environ, "WANDB_MODE": "disabled", "JENSENKV_RESULTS": str(tmp_path / "r"),
+                                 **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_help_shows_with_a_bad_variable_in_the_environment(tmp_path):
+    proc = _python_m_run(["--help"], tmp_path, WANDB_MODE="bogus")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert "python -m jensenkv.run" in out
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 1.5])
+def test_ctrl_c_while_loading_is_one_line(delay_s, tmp_path):
+    """Ctrl-C in the first seconds (the libraries loading, or the pre-check): one line, exit 130, no job."""
+    import signal
+    import time
+
+    proc = _python_m_run(["eval.num_prompts=1"], tmp_path)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: before any job started"), err[-2000:]
+    assert not (tmp_path / "r" / "runs").exists()

@@ -36,3 +36,14 @@ def check_finite(key: str, value: Any, low: float, *, strict: bool = False) -> N
 def check_bool(key: str, value: Any) -> None:
     if not isinstance(value, bool):
         fail(key, value, "must be true or false")
+
+
+def check_finite_tree(tree: Any, prefix: str = "") -> None:
+    """One rule for every float of a config tree (mappings and lists, any depth): NaN and inf are refused,
+    naming the key. A run id hashes its config, and JSON stores NaN as null, so such a run could never read
+    its own record back; no setting of this suite means anything at NaN or inf."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        fail(prefix or "the config", tree, "must be a finite number (NaN and inf are not settings)")
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for key, value in items:
+        check_finite_tree(value, f"{prefix}[{key}]" if isinstance(key, int) else f"{prefix}.{key}".lstrip("."))

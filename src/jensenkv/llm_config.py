@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from jensenkv.attention._inputs import CAUSAL_BACKENDS
-from jensenkv.checks import check_choice, check_int, fail
+from jensenkv.checks import check_choice, check_finite_tree, check_int, fail
 from jensenkv.config import PathsConfig
 from jensenkv.hashing import config_hash
 from jensenkv.llm_store import STORE_FOLDER
@@ -28,7 +28,7 @@ from jensenkv.llm.text import SOURCES
 from jensenkv.quant import QuantConfig
 from jensenkv.quant.config import FLOAT_DTYPES
 from jensenkv.spec import CONFIG_DIR
-from jensenkv.tracking import LoggerConfig
+from jensenkv.tracking import LoggerConfig, resolve_wandb_mode
 
 
 @dataclass
@@ -140,7 +140,10 @@ def compose(overrides: list[str]) -> LlmPrefillConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR / "llm"), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    return OmegaConf.to_object(cfg)
+    check_finite_tree(OmegaConf.to_container(cfg, resolve=True))
+    typed = OmegaConf.to_object(cfg)
+    resolve_wandb_mode(typed.logger.mode)  # WANDB_MODE, which wins over logger.mode: checked before any work
+    return typed
 
 
 @dataclass(frozen=True)

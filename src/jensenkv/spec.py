@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from jensenkv.attention.backends import check_backend_device
 from jensenkv.calibration import check_calibration, load_calibration, strength_label
-from jensenkv.checks import fail
+from jensenkv.checks import check_finite_tree, fail
 from jensenkv.config import RunConfig, register_configs
 from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
@@ -188,6 +188,7 @@ def build_spec(cfg: Any) -> RunSpec:
     named_calibration = OmegaConf.select(cfg, "attention.calibration", default=None) \
         if isinstance(cfg, DictConfig) else None
     if isinstance(cfg, RunConfig):
+        check_finite_tree(dataclasses.asdict(cfg))
         spec = cfg
     else:
         try:
@@ -202,6 +203,7 @@ def build_spec(cfg: Any) -> RunSpec:
                 if with_hydra:
                     OmegaConf.set_struct(cfg, False)
                     cfg.pop("hydra")
+            check_finite_tree(OmegaConf.to_container(cfg, resolve=True))  # before any node checks itself
             spec = OmegaConf.to_object(cfg)
         except OmegaConfBaseException as e:
             cause = e.__cause__ if isinstance(e.__cause__, (ValueError, FileNotFoundError)) else None

@@ -676,17 +676,20 @@ def load_attention(root: str | os.PathLike, run_id: str) -> pd.DataFrame:
 WANDB_MODES = ("offline", "online", "disabled")
 
 
-def resolve_wandb_mode(configured: str) -> str:
-    """WANDB_MODE in the environment wins over the config (tests and CI set it to "disabled")."""
-    mode = os.environ.get("WANDB_MODE") or configured
-    if mode == "dryrun":
-        mode = "offline"
+def check_wandb_mode(mode: str, key: str = "logger.mode", where: str = "") -> str:
+    """``mode`` as W&B's mode ("dryrun" is "offline"); ValueError naming ``key`` if it is none of them."""
+    mode = "offline" if mode == "dryrun" else mode
     if mode not in WANDB_MODES:
-        if os.environ.get("WANDB_MODE"):
-            raise ValueError(f"WANDB_MODE={mode!r} (in the environment, it wins over logger.mode) is not allowed: "
-                             f"use one of {WANDB_MODES}")
-        raise ValueError(f"logger.mode={mode!r} is not allowed: use one of {WANDB_MODES}")
+        raise ValueError(f"{key}={mode!r}{where} is not allowed: use one of {WANDB_MODES}")
     return mode
+
+
+def resolve_wandb_mode(configured: str) -> str:
+    """WANDB_MODE in the environment wins over the config (tests and CI set it to "disabled"). Read when a
+    run logs and in the pre-check, never at import: a bad variable is one line, not a traceback."""
+    if os.environ.get("WANDB_MODE"):
+        return check_wandb_mode(os.environ["WANDB_MODE"], "WANDB_MODE", " (in the environment; it wins over logger.mode)")
+    return check_wandb_mode(configured)
 
 
 @dataclass
@@ -703,7 +706,7 @@ class LoggerConfig:
     log_plots: bool = True             # attention-mass plot per run
 
     def __post_init__(self) -> None:
-        resolve_wandb_mode(self.mode)
+        check_wandb_mode(self.mode)  # the value alone: WANDB_MODE is read when a run logs (and pre-checked)
 
 
 class WandbRun:

@@ -21,35 +21,21 @@ record, W&B), ``cli`` (precheck of every swept value, the Hydra task, the compos
 """
 from __future__ import annotations
 
-from jensenkv.run.cli import (
-    check_group_overrides,
-    compose_config,
-    group_options,
-    main,
-    precheck,
-    preset,
-    run_overrides,
-    sweep_variants,
-    task,
-)
-from jensenkv.run.runner import Runner, save_mp4
-from jensenkv.spec import CONFIG_DIR, CONFIG_GROUPS, RunSpec, build_spec, resolve
+import importlib
+from typing import Any
 
-__all__ = [
-    "CONFIG_DIR",
-    "CONFIG_GROUPS",
-    "RunSpec",
-    "Runner",
-    "build_spec",
-    "check_group_overrides",
-    "compose_config",
-    "group_options",
-    "main",
-    "precheck",
-    "preset",
-    "resolve",
-    "run_overrides",
-    "save_mp4",
-    "sweep_variants",
-    "task",
-]
+# name -> the module that defines it; imported on first use, so ``python -m jensenkv.run`` reaches its
+# Ctrl-C handler (``__main__``) before any heavy import
+_EXPORTS = {
+    **dict.fromkeys(("check_group_overrides", "compose_config", "group_options", "main", "precheck", "preset",
+                     "run_overrides", "sweep_variants", "task"), "jensenkv.run.cli"),
+    **dict.fromkeys(("Runner", "save_mp4"), "jensenkv.run.runner"),
+    **dict.fromkeys(("CONFIG_DIR", "CONFIG_GROUPS", "RunSpec", "build_spec", "resolve"), "jensenkv.spec"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'jensenkv.run' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

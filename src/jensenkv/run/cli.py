@@ -313,6 +313,9 @@ def task(cfg: Any) -> dict | None:
         sys.exit(3)
 
 
+HELP_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc"}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry: check every (swept) value, then hand over to Hydra."""
     import logging
@@ -321,6 +324,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     logging.raiseExceptions = False  # a log file on a full disk: no "--- Logging error ---" tracebacks
     args = list(sys.argv[1:] if argv is None else argv)
+    if HELP_FLAGS & set(args):  # Hydra prints the help and runs nothing: no value needs checking
+        sys.argv = [sys.argv[0], *args]
+        hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(task)()
+        return
     try:
         precheck(args)
     except (ValueError, FileNotFoundError) as e:  # checked before Hydra starts any job
