@@ -136,6 +136,26 @@ def test_calibrate_refuses_an_unwritable_out_before_any_video(tmp_path, monkeypa
 
 
 # --- 4. leftovers of a kill ---------------------------------------------------------------------------------
+def test_a_kill_during_the_wandb_marker_write_leaves_nothing_after_the_next_run(tmp_path, tiny_weights,
+                                                                              monkeypatch):
+    """Killed while writing wandb.json: a young ``.wandb.json.*.tmp`` and no marker. The next run logs W&B
+    holding the run's lock, so it owns the folder and removes the leftover, whatever its age."""
+    from jensenkv.run import run_overrides
+    from jensenkv.run.runner import Runner
+    from jensenkv.tracking import atomic_write_json
+
+    overrides = fast_overrides(tmp_path, tiny_weights, "eval.metrics=[psnr]")
+    record = run_overrides(overrides)
+    store = ResultsStore(tmp_path)
+    leftover = store.run_dir(record["run_id"]) / ".wandb.json.k1ll.tmp"
+    leftover.write_text('{"wandb_id": "')  # the marker's half-written copy, just now
+    monkeypatch.setattr(Runner, "wandb_pending", lambda self: not store.wandb_marker_path(self.run_id).exists())
+    monkeypatch.setattr(Runner, "log_wandb",  # W&B itself is not what is tested: its marker is
+                        lambda self, rec: atomic_write_json(store.wandb_marker_path(self.run_id), {"logged": True}))
+    assert run_overrides(overrides) == record
+    assert store.wandb_marker_path(record["run_id"]).exists() and not leftover.exists()
+
+
 def test_leftovers_no_live_writer_can_own_are_removed_by_the_next_run(tmp_path, tiny_weights, monkeypatch):
     from jensenkv.run import run_overrides
 

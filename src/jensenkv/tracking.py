@@ -66,14 +66,15 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ERO
                 errno.EISDIR)
 
 
-def describe_write_error(error: OSError, root: str | os.PathLike) -> str:
-    """One line saying why writing under the results directory ``root`` failed and what to do."""
+def describe_write_error(error: OSError, root: str | os.PathLike, key: str = "paths.results_dir") -> str:
+    """One line saying why writing under the folder ``root`` (set by ``key``) failed and what to do."""
     where = error.filename or root
-    setting = f"paths.results_dir={str(root)!r}"
+    setting = f"{key}={str(root)!r}"
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on the device (or quota) writing {where}: free space or point {setting} elsewhere"
     if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"cannot write {where}: the results directory is read-only; point {setting} at a writable folder"
+        what = "the results directory" if key == "paths.results_dir" else "that folder"
+        return f"cannot write {where}: {what} is read-only; point {setting} at a writable folder"
     if error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
         return f"{setting} must be a directory, but a file is in the way at {where}"
     return f"cannot write {where} ({error.strerror or error}); check {setting}"

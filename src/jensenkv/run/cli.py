@@ -181,9 +181,10 @@ def precheck(args: Sequence[str]) -> None:
         for overrides in variants or []:
             # without sweeps the one variant is the base config already composed (composing is the slow part)
             spec = build_spec(base if overrides == plain else compose_config(overrides))
-            if spec.paths.results_dir not in checked:
-                check_results_dir(spec.paths.results_dir)
-                checked.add(spec.paths.results_dir)
+            for key, folder in _written_dirs(spec):
+                if folder not in checked:
+                    check_writable_dir(folder, key)
+                    checked.add(folder)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(_one_line(e)) from None
     except AssertionError:  # OmegaConf asserts when an override reaches into a null node
@@ -252,9 +253,23 @@ def check_launcher(hydra_node: Any, multirun: bool) -> None:
              "hydra/launcher=local_parallel")
 
 
-def check_results_dir(folder: str) -> None:
-    """The results dir must be a folder this process can create and write: refused now, not in a job that
-    would wait on a lock it can never take."""
+def _written_dirs(spec: Any) -> list[tuple[str, str]]:
+    """(key, folder) of every folder a run writes: the results dir and, when W&B logs, its folder (WANDB_DIR
+    in the environment wins, as in ``runner.run_environment``)."""
+    import os
+
+    from jensenkv.tracking import resolve_wandb_mode
+
+    folders = [("paths.results_dir", spec.paths.results_dir)]
+    if resolve_wandb_mode(spec.logger.mode) != "disabled":
+        folders.append(("WANDB_DIR", os.environ["WANDB_DIR"]) if os.environ.get("WANDB_DIR") else
+                       ("logger.dir", spec.logger.dir or str(Path(spec.paths.results_dir) / "wandb")))
+    return folders
+
+
+def check_writable_dir(folder: str, key: str = "paths.results_dir") -> None:
+    """A folder a run writes must be one this process can create and write: refused now, not in a job that
+    would wait on a lock it can never take, or retry a W&B log that can never succeed."""
     import os
 
     from jensenkv.tracking import describe_write_error, probe_writable
@@ -262,8 +277,9 @@ def check_results_dir(folder: str) -> None:
     try:
         probe_writable(Path(folder).expanduser())
     except OSError as e:
-        source = " (set by JENSENKV_RESULTS)" if os.environ.get("JENSENKV_RESULTS") == folder else ""
-        raise ValueError(describe_write_error(e, folder) + source) from None
+        source = " (set by JENSENKV_RESULTS)" if key == "paths.results_dir" and \
+            os.environ.get("JENSENKV_RESULTS") == folder else ""
+        raise ValueError(describe_write_error(e, folder, key) + source) from None
 
 
 def _null_parent(args: Sequence[str]) -> str:

@@ -570,6 +570,7 @@ class Runner:
             log.info("run %s: its W&B log is being written elsewhere (%s)", self.run_id, lock.describe_holder())
             return
         try:
+            self.store.clean_run_tmp(self.run_id)  # the lock's holder owns the folder: e.g. a killed marker write's
             if self.wandb_pending():
                 self.log_wandb(record)
         finally:
