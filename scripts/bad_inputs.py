@@ -75,7 +75,19 @@ def make_fixtures(root: Path) -> dict[str, str]:
         "config_garbled": _weights_dir(root, "config_garbled", "{not json", weights),
         "config_empty": _weights_dir(root, "config_empty", "", weights),
         "config_no_data": _weights_dir(root, "config_no_data", json.dumps(no_data), weights),
+        "weights_nan": _weights_dir(root, "weights_nan", config, _poisoned(weights, float("nan"))),
+        "weights_inf": _weights_dir(root, "weights_inf", config, _poisoned(weights, float("inf"))),
     }
+
+
+def _poisoned(weights: bytes, value: float) -> bytes:
+    """The tiny model's safetensors bytes with every value of its last floating tensor set to ``value``."""
+    from safetensors.torch import load, save
+
+    state = load(weights)
+    name = [k for k, t in state.items() if t.is_floating_point()][-1]
+    state[name] = state[name].clone().fill_(value)
+    return save(state)
 
 
 def expand(entry: dict, fixtures: dict[str, str]) -> tuple[list[str], dict[str, str]]:

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 
+from jensenkv.models.finite_weights import check_finite_weights
+
 TRANSFORMER_CLASSES = {"SkyReelsV2Transformer3DModel": SkyReelsV2Transformer3DModel,
                        "WanTransformer3DModel": WanTransformer3DModel}
 FETCH_HINT = "run `make fetch-weights` on a machine with internet (or copy the files there), then retry"
@@ -76,6 +78,7 @@ def load_original_wan_checkpoint(file: str | os.PathLike, key: str | None = None
         if key not in state:
             raise ValueError(f"checkpoint_key={key!r} is not in {file}: it has {sorted(state)[:10]}")
         state = state[key]
+    check_finite_weights(state, file, FETCH_HINT)
     cleaned = {}
     for name, tensor in state.items():
         changed = True
@@ -109,7 +112,9 @@ def _folder_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         raise MissingWeightsError(f"no *.safetensors weights in {folder}; {FETCH_HINT}")
     state: dict[str, torch.Tensor] = {}
     for file in files:  # one file or the shards of a sharded checkpoint
-        state.update(load_file(str(file)))
+        shard = load_file(str(file))
+        check_finite_weights(shard, file, FETCH_HINT)
+        state.update(shard)
     return state
 
 

@@ -27,6 +27,7 @@ import torch
 
 from jensenkv.models.magi.config import MagiModelConfig
 from jensenkv.models.magi.model import MagiDiT
+from jensenkv.models.finite_weights import check_finite_weights
 from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, resolve_local_dir
 
 HUB_REPO = "sand-ai/MAGI-1"
@@ -112,6 +113,7 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
                 raise MissingWeightsError(f"MAGI-1 shard {shard} (listed in {index}) not found: expected {file}; "
                                           f"{FETCH_HINT}")
             tensors = load_file(str(file))
+            check_finite_weights(tensors, file, FETCH_HINT)
             missing = [n for n in names if n not in tensors]
             if missing:
                 raise ValueError(f"{file} lacks {len(missing)} keys its index lists, e.g. {missing[:3]}")
@@ -121,6 +123,7 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         if not file.is_file():
             raise MissingWeightsError(f"MAGI-1 weights not found: expected {index} or {file}; {FETCH_HINT}")
         state = load_file(str(file))
+        check_finite_weights(state, file, FETCH_HINT)
     fp8 = [n for n in state if n.endswith(("weight_scale", "input_scale", "smooth_scale"))]
     if fp8:
         raise ValueError(f"{folder} holds an fp8-quantized checkpoint (e.g. {fp8[0]}): it is not allowed here; "

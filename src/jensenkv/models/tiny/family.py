@@ -58,6 +58,8 @@ class TinyFamily(ModelFamily):
         safetensors header (a truncated, garbled or empty file fails here, not after the job started)."""
         from safetensors import safe_open
 
+        from jensenkv.models.finite_weights import first_non_finite
+
         folder = self.folder(model)
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             if not (folder / name).is_file():
@@ -76,10 +78,13 @@ class TinyFamily(ModelFamily):
             fail("model.weights_dir", str(folder), f"its {CONFIG_FILE} ({folder / CONFIG_FILE}) lacks {missing}; {restore}")
         try:
             with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
-                weights.keys()
+                bad = first_non_finite((k, weights.get_tensor(k)) for k in weights.keys())  # 4 MB, read as for its digest
         except Exception as e:  # noqa: BLE001 - SafetensorError, or a header that is not JSON
             fail("model.weights_dir", str(folder), f"its {WEIGHTS_FILE} ({folder / WEIGHTS_FILE}) cannot be read, the file is truncated, "
                  f"garbled or empty ({_one_line(e)}); {restore}")
+        if bad is not None:
+            fail("model.weights_dir", str(folder), f"its {WEIGHTS_FILE} ({folder / WEIGHTS_FILE}) holds NaN or inf: tensor "
+                 f"{bad[0]!r} has {bad[1]} non-finite values of {bad[2]}; {restore}")
 
     def files(self, model: Any) -> list[tuple[Path, bool]]:
         folder = self.folder(model)

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import torch
 
+from jensenkv.models.finite_weights import check_finite_weights
 from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, resolve_local_dir
 from jensenkv.models.worldplay.config import WorldPlayPrecision, WorldPlayTransformerConfig
 from jensenkv.models.worldplay.model import WorldPlayTransformer
@@ -168,6 +169,7 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 raise MissingWeightsError(f"HY-WorldPlay shard {shard} (listed in {path}) not found: expected {file}; "
                                           f"{FETCH_HINT}")
             tensors = load_file(str(file))
+            check_finite_weights(tensors, file, FETCH_HINT)
             missing = [n for n in names if n not in tensors]
             if missing:
                 raise ValueError(f"{file} lacks {len(missing)} keys its index {path.name} lists, e.g. {missing[:3]}")
@@ -175,7 +177,9 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         return state
     if not path.is_file():
         raise MissingWeightsError(f"HY-WorldPlay weights not found: expected {path}; {FETCH_HINT}")
-    return load_file(str(path))
+    state = load_file(str(path))
+    check_finite_weights(state, path, FETCH_HINT)
+    return state
 
 
 def check_keys(state: dict[str, torch.Tensor], cfg: WorldPlayTransformerConfig, source: Path | str) -> None:
