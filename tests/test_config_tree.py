@@ -20,6 +20,10 @@ from jensenkv.models.registry import FAMILIES, family
 from jensenkv.quant.config import QuantConfig
 
 
+def tiny_schedule() -> MagiScheduleConfig:  # the tiny preset's schedule: its null caption has 16 rows
+    return MagiScheduleConfig(null_caption_tokens=8)
+
+
 @contextlib.contextmanager
 def file_accesses():
     """Yields the list of files touched (pathlib and open) while the block runs."""
@@ -120,12 +124,12 @@ def test_a_family_refuses_a_backend_it_cannot_use(monkeypatch):
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
     assert not any(fam.refused_backends for fam in FAMILIES.values())
     for backend in ("triton", "cached", "flex", "reference"):
-        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
+        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule()),
                   attention=AttentionConfig(backend=backend))
     monkeypatch.setattr(type(family("magi")), "refused_backends", {"triton": "a reason"})
     with pytest.raises(ValueError, match=r"^attention.backend='triton' is not allowed: model.kind=magi cannot use it "
                                          r"\(a reason\); it allows \('cached', 'reference', 'flex'\)$"):
-        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig()),
+        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule()),
                   attention=AttentionConfig(backend="triton"))
 
 
@@ -161,7 +165,7 @@ def test_resolve_reads_the_geometry_the_checks_need(tmp_path):
     from jensenkv.spec import resolve
 
     tree = RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny", latent_height=8),
-                     generation=GenerationConfig(magi=MagiScheduleConfig()), quant=QuantConfig(bits=2, group_size=64))
+                     generation=GenerationConfig(magi=tiny_schedule()), quant=QuantConfig(bits=2, group_size=64))
     with pytest.raises(ValueError, match="must divide head_dim=32"):
         resolve(tree)
     spec = resolve(dataclasses.replace(tree, quant=QuantConfig(bits=2, group_size=32)))
@@ -189,14 +193,14 @@ def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
 
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
     assert [kind for kind, fam in FAMILIES.items() if not fam.batches] == ["worldplay"]
-    RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=2))
+    RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule(), batch_size=2))
     monkeypatch.setattr(type(family("magi")), "batches", False)
     with pytest.raises(ValueError, match=r"generation.batch_size=2 is not allowed: model.kind=magi generates one "
                                          r"video at a time"):
-        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=2))
+        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule(), batch_size=2))
     for size in ("auto", 1):
-        RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig(), batch_size=size))
-    auto = resolve(RunConfig(model=magi, generation=GenerationConfig(magi=MagiScheduleConfig())))
+        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule(), batch_size=size))
+    auto = resolve(RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule())))
     assert family("magi").auto_batch_size(auto, "cpu") == 1  # auto: one video at a time there
 
 
@@ -214,5 +218,5 @@ def test_auto_batch_size_on_a_cpu_is_the_familys_measured_default():
     spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
     assert family("tiny").auto_batch_size(spec, "cpu") == family("tiny").cpu_batch_size > 1
     magi = resolve(RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny"),
-                             generation=GenerationConfig(magi=MagiScheduleConfig())))
+                             generation=GenerationConfig(magi=tiny_schedule())))
     assert family("magi").auto_batch_size(magi, "cpu") == family("magi").cpu_batch_size > 1

@@ -73,7 +73,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_int("threads", self.threads, 1, optional=True)
         own = family(self.model.kind)
-        own.check_generation(self.generation)
+        own.check_generation(self.model, self.generation, self.eval.prompts)
         own.check_batch(self.generation)
         own.check_backend(self.attention.backend)
         self._check_indices()

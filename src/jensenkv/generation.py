@@ -30,6 +30,10 @@ def check_kv_range(value: Any, key: str = "generation.kv_range") -> None:
     check_int(key, value, 0, optional=True)
 
 
+def _default(spec: dataclasses.Field) -> Any:
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+
 @dataclass
 class MagiScheduleConfig:
     """MAGI-1 sampling beyond the generator's staircase (``generation.magi``; official runtime/engine names).
@@ -68,8 +72,24 @@ class MagiScheduleConfig:
             fail("generation.magi.cfg_t_range", self.cfg_t_range, "it must be ascending")
         if not (isinstance(self.clean_t, (int, float)) and 0.0 <= self.clean_t <= 1.0):
             fail("generation.magi.clean_t", self.clean_t, "it must be in [0, 1]")
+        if not 0.0 == self.cfg_t_range[0] <= self.cfg_t_range[-1] <= 1.0:  # guidance_scales' searchsorted rule
+            fail("generation.magi.cfg_t_range", self.cfg_t_range, "it must start at 0 and stay in [0, 1]: a chunk "
+                 "time below its first entry would have no guidance scale")
         check_choice("generation.magi.t_schedule", self.t_schedule, T_SCHEDULES)
         check_int("generation.magi.null_caption_tokens", self.null_caption_tokens, 1)
+        if self.distill_nearly_clean_chunk_threshold is not None and \
+                not 0.0 <= self.distill_nearly_clean_chunk_threshold <= 1.0:
+            fail("generation.magi.distill_nearly_clean_chunk_threshold", self.distill_nearly_clean_chunk_threshold,
+                 "use null or a MAGI time in [0, 1]")
+        if self.distill_dt is not None:
+            check_finite("generation.magi.distill_dt", self.distill_dt, 0, strict=True)
+
+    DISTILL_FIELDS = ("distill_nearly_clean_chunk_threshold", "distill_prev_chunks_scale", "distill_dt")
+
+    def distill_changes(self) -> list[str]:
+        """The distilled-only fields set away from their defaults (a non-distilled model never reads them)."""
+        defaults = MagiScheduleConfig.__dataclass_fields__
+        return [k for k in self.DISTILL_FIELDS if getattr(self, k) != _default(defaults[k])]
 
     def validate(self) -> None:
         self.__post_init__()

@@ -208,7 +208,7 @@ def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | N
             return None
         raise damaged(f"missing: the record lists it with {listed.get('rows')} rows") from None
     text = listed.get("text_columns", LEGACY_TEXT_COLUMNS) if listed is not None else LEGACY_TEXT_COLUMNS
-    if not isinstance(text, list) or not all(isinstance(c, str) for c in text):
+    if not isinstance(text, (list, tuple)) or not all(isinstance(c, str) for c in text):
         raise DamagedRunError(run_id, run_dir / "record.json", f"files.{ATTENTION_FILE}.text_columns = {text!r} is "
                               "not a list of column names")
     frame = _probe_table(data, damaged, text)

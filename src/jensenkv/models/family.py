@@ -93,10 +93,12 @@ class ModelFamily:
     def check(self, model: Any) -> None:
         """Checks of the family's own fields (ValueError naming the key, the value and what is allowed)."""
 
-    def check_generation(self, generation: Any) -> None:
-        """Checks of the generation node against the family: a family-specific generation node (MAGI-1 reads
-        ``generation.magi``, HY-WorldPlay ``generation.worldplay``) is required by its family
-        (``generation_node``) and refused by every other."""
+    def check_generation(self, model: Any, generation: Any, prompts: list[str]) -> None:
+        """Checks of the generation node against the family, its model and the eval's prompts (all of
+        ``eval.prompts``, not only those ``num_prompts`` keeps): a family-specific generation node (MAGI-1
+        reads ``generation.magi``, HY-WorldPlay ``generation.worldplay``) is required by its family
+        (``generation_node``) and refused by every other; a family refuses there every value its model would
+        refuse or ignore once loaded."""
         for node, allowed in FAMILY_GENERATION_NODES.items():
             value = getattr(generation, node)
             if (value is None) == (node == self.generation_node):

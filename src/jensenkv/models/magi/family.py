@@ -53,6 +53,25 @@ class MagiFamily(ModelFamily):
             check_int(f"model.{key}", getattr(model, key), 1, optional=True)
         check_int("model.seed", model.seed, 0, optional=True)
 
+    def check_generation(self, model: Any, generation: Any, prompts: list[str]) -> None:
+        """What the adapter would refuse once loaded, and the distilled-only fields a non-distilled model would
+        ignore (each would still mint a new run id): refused before launch."""
+        super().check_generation(model, generation, prompts)
+        if model.preset not in PRESETS:
+            return  # check() names the preset
+        magi, arch = generation.magi, self.architecture(model)
+        if magi.null_caption_tokens > arch.caption_max_length:
+            fail("generation.magi.null_caption_tokens", magi.null_caption_tokens,
+                 f"the null caption of preset {model.preset} has caption_max_length={arch.caption_max_length} rows")
+        if arch.distill and generation.steps == 12:
+            fail("generation.steps", 12, "a distilled MAGI-1's 12-step shortcut schedule (shortcut_mode) is not "
+                 "ported: use 8, 16, 32 or 64")
+        changed = [] if arch.distill else magi.distill_changes()
+        if changed:
+            fail(f"generation.magi.{changed[0]}", getattr(magi, changed[0]),
+                 f"preset {model.preset} is not distilled and never reads it: leave it at its default (only "
+                 "*_distill presets use the distilled fields)")
+
     @staticmethod
     def architecture(model: Any) -> MagiModelConfig:
         """The preset with model.model_overrides applied (ValueError naming a field it does not have)."""

@@ -52,9 +52,19 @@ class WorldPlayFamily(ModelFamily):
     def precision(model: Any) -> Any:
         return precision(model)
 
-    def check_generation(self, generation: Any) -> None:
-        super().check_generation(generation)
+    def check_generation(self, model: Any, generation: Any, prompts: list[str]) -> None:
+        super().check_generation(model, generation, prompts)
         wp = generation.worldplay
+        ignored = [scene["prompt"] for scene in wp.scenes or () if scene["prompt"] not in prompts]
+        if ignored:  # a typo'd prompt: its scene would be ignored, its run id new
+            fail("generation.worldplay.scenes", ignored[0], f"every scene's prompt must be one of eval.prompts "
+                 f"({len(prompts)} prompt(s), e.g. {prompts[0]!r}): a scene of another prompt is never used")
+        from jensenkv.models.worldplay.schedule import NUM_TRAIN_TIMESTEPS
+
+        if wp.stabilization_level > NUM_TRAIN_TIMESTEPS:
+            fail("generation.worldplay.stabilization_level", wp.stabilization_level,
+                 f"the context pass runs at timestep stabilization_level - 1, which must lie in WorldPlay's "
+                 f"0..{NUM_TRAIN_TIMESTEPS - 1} schedule: use 1..{NUM_TRAIN_TIMESTEPS}")
         frames = video_frames(generation)
         if generation.frames_per_chunk < 3:
             fail("generation.frames_per_chunk", generation.frames_per_chunk,
