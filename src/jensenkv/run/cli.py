@@ -234,8 +234,8 @@ def check_added_keys(args: Sequence[str]) -> None:
 
 
 def check_launcher(hydra_node: Any, multirun: bool) -> None:
-    """A multirun's launcher settings that would otherwise fail after Hydra started: joblib's n_jobs, and
-    SLURM (submitit) on a machine without it."""
+    """A multirun's launcher settings that would otherwise fail after Hydra started: joblib's n_jobs, SLURM
+    (submitit) on a machine without it, and jobs the scheduler would refuse (``sbatch --test-only``)."""
     import shutil
 
     from jensenkv.checks import is_int
@@ -246,11 +246,16 @@ def check_launcher(hydra_node: Any, multirun: bool) -> None:
         return
     if "n_jobs" in launcher and (not is_int(launcher.n_jobs) or launcher.n_jobs == 0):
         fail("hydra.launcher.n_jobs", launcher.n_jobs, "a non-zero integer: jobs run at once (-1: every core)")
-    if "submitit" in str(launcher.get("_target_", "")).lower() and "slurm" in str(launcher._target_).lower() \
-            and shutil.which("srun") is None:
-        fail("hydra/launcher", hydra_node.runtime.choices.get("hydra/launcher", "slurm"),
-             "SLURM is not installed here (no srun on PATH): run it on the cluster's login node, or use "
-             "hydra/launcher=local_parallel")
+    if "submitit" in str(launcher.get("_target_", "")).lower() and "slurm" in str(launcher._target_).lower():
+        if shutil.which("srun") is None or shutil.which("sbatch") is None:
+            fail("hydra/launcher", hydra_node.runtime.choices.get("hydra/launcher", "slurm"),
+                 "SLURM is not installed here (no srun or sbatch on PATH): run it on the cluster's login node, or "
+                 "use hydra/launcher=local_parallel")
+        from omegaconf import OmegaConf
+
+        from jensenkv.run.slurm_check import check_slurm_accepts
+
+        check_slurm_accepts(OmegaConf.to_container(launcher, resolve=True))  # the scheduler's own answer
 
 
 def _written_dirs(spec: Any) -> list[tuple[str, str]]:
