@@ -138,6 +138,22 @@ def test_triton_reads_any_list_of_stored_chunks(config: str, triton_device: str)
         assert relative_error(triton_cached_attention(q, k, v, segments, "taylor"), expected) <= 1e-5, name
 
 
+@pytest.mark.parametrize("operands", [None, "float16"])
+def test_triton_bf16_queries_under_the_interpreter(operands, triton_device: str) -> None:
+    """The interpreter's bf16 tl.dot multiplies bit patterns (|out| ~ 1e9 before): bf16 queries take float32
+    operands there (or float16 ones, asked for), and match the oracle of the same bf16 inputs; bf16 operands
+    asked for are refused in one line."""
+    if triton_device != "cpu":
+        pytest.skip("the interpreter's dots only (on a GPU: test_triton_bf16_tensor_core_path_on_a_gpu)")
+    segments = build("int2-g8", lengths=(9, 6), sinks=1)
+    q, k, v = (t.bfloat16() for t in inputs(2, 2, n_q=5, n_cur=3))
+    expected = oracle(q, k, v, segments, "taylor")
+    actual = triton_cached_attention(q, k, v, segments, "taylor", operands=operands)
+    assert actual.dtype == torch.bfloat16 and relative_error(actual, expected) <= 1e-2
+    with pytest.raises(ValueError, match=r"^operands='bfloat16' is not allowed under TRITON_INTERPRET=1[^\n]*$"):
+        triton_cached_attention(q, k, v, segments, "taylor", operands="bfloat16")
+
+
 def test_triton_without_cached_chunks_is_plain_attention(triton_device: str) -> None:
     q, k, v = inputs(2, 2, device=triton_device)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)

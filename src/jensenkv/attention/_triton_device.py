@@ -14,10 +14,10 @@ caches); KX/VX (B, Hkv, NX, D/Dv) the current chunk; O, OF (B, Hq, M, Dv) float3
 and full-precision parts (OF only when the values are rotated: they are un-rotated after the kernel);
 LSE (B, Hq, M) float32 natural log-sum-exp; STRENGTH (Hq,) float32 (read by the elementwise bias only).
 
-Dots take DOT operands: 0 float32 (IEEE, for the oracle tests: the interpreter's bf16 dots are unreliable),
-1 bfloat16, 2 float16 (tensor cores, float32 accumulation). Softmax runs in base 2 (log2 e folded into the
-scale), so the running max m_i is in log2 units. KROW/VROW tables hold rows relative to their first entry
-(absolute rows of a store's buffer, or renumbered by triton_kernel._pack).
+Dots take DOT operands: 0 float32 (IEEE, for the oracle tests; the interpreter's bf16 dots are wrong, so
+triton_kernel never asks it for 1), 1 bfloat16, 2 float16 (tensor cores, float32 accumulation). Softmax runs
+in base 2 (log2 e folded into the scale), so the running max m_i is in log2 units. KROW/VROW tables hold rows
+relative to their first entry (absolute rows of a store's buffer, or renumbered by triton_kernel._pack).
 """
 import triton
 import triton.language as tl

@@ -25,7 +25,9 @@ reordered, or from different caches) are concatenated per call, their per-channe
 to the concatenation; one storage layout per launch, and the launches merge by log-sum-exp. QVG chunks,
 dithered chunks and INT3 codes are refused. On a GPU the block sizes, warps and stages are autotuned per (head
 dim, dtype, bits, bias) from a small list (the first call per key times them); ``TRITON_INTERPRET=1`` runs the
-kernel on the CPU (tests, dry runs; 16 x 16 tiles), taking effect when set before the first call.
+kernel on the CPU (tests, dry runs; 16 x 16 tiles), taking effect when set before the first call. The
+interpreter's bf16 dots are wrong (it multiplies bit patterns), so bf16 queries take float32 operands there
+and operands="bfloat16" is refused; float32 and float16 operands run as on a GPU.
 """
 from __future__ import annotations
 
@@ -278,10 +280,18 @@ def _full_precision(seg: SegmentLike, name: str) -> torch.Tensor:
 
 
 def _operand_code(q: torch.Tensor, operands: str | None) -> int:
+    """The kernel's DOT code. Under TRITON_INTERPRET the dots run in numpy, whose bf16 ``tl.dot`` multiplies
+    raw bit patterns (a Triton interpreter limitation: |out| ~ 1e9, no error): bf16 queries take float32
+    operands there, and bfloat16 operands asked for are refused."""
     name = operands or ("float32" if q.dtype in (torch.float32, torch.float64) else str(q.dtype).split(".")[-1])
     if name not in OPERANDS:
         raise ValueError(f"operands={operands!r} is not allowed for q.dtype={q.dtype}: use one of {tuple(OPERANDS)} "
                          "(None: the query's dtype)")
+    if name == "bfloat16" and _interpret():
+        if operands is not None:
+            raise ValueError("operands='bfloat16' is not allowed under TRITON_INTERPRET=1 (its bf16 dots are wrong): "
+                             "use float32 or float16 (None: float32 for bf16 queries)")
+        name = "float32"
     return OPERANDS[name]
 
 
