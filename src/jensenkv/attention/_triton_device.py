@@ -30,17 +30,30 @@ LN2 = tl.constexpr(0.6931471805599453)
 SERIES_MAX_ARG = tl.constexpr(1.5)  # as jensenkv.correction.SERIES_MAX_ARG (checked by triton_kernel)
 
 
+# The reductions' combine functions are jitted here, not taken from tl.standard: triton.jit fixes a function's
+# mode (interpreted or compiled) when it decorates, and tl.standard is decorated once, at `import triton`. Ours
+# follow this module's load (triton_kernel._kernel, triton_aot._device_kernel), so the kernel compiles when
+# triton was imported under TRITON_INTERPRET=1, and interprets when it was imported without.
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
 @triton.jit
 def row_max(x):
-    """Max over axis 1 (tl.max without the standard library's jit wrapper, which the interpreter
-    cannot call when triton was imported before TRITON_INTERPRET was set)."""
-    return tl.reduce(x, 1, tl.standard._elementwise_max)
+    """Max over axis 1 (tl.max without the standard library: see _max_combine)."""
+    return tl.reduce(x, 1, _max_combine)
 
 
 @triton.jit
 def row_sum(x):
     """Sum over axis 1 (see row_max)."""
-    return tl.reduce(x, 1, tl.standard._sum_combine)
+    return tl.reduce(x, 1, _sum_combine)
 
 
 @triton.jit
@@ -215,7 +228,7 @@ def cached_attention_kernel(
                 else:
                     # exact: the series while every |x| = scale/2 |q_c| step <= SERIES_MAX_ARG in this tile
                     # (decided here, on the device), else log(sinh x / x) channel by channel
-                    arg = u_scale * tl.reduce(row_max(st), 0, tl.standard._elementwise_max)
+                    arg = u_scale * tl.reduce(row_max(st), 0, _max_combine)
                     if arg <= SERIES_MAX_ARG:
                         u2 = (st * u_scale) * (st * u_scale)
                         power = u2
