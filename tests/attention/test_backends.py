@@ -28,3 +28,17 @@ def test_a_registered_backend_is_found_at_once(monkeypatch):
 
     monkeypatch.setitem(ATTENTION_BACKENDS, "mine", kernel)
     assert get_backend("mine") is kernel
+
+
+def test_triton_on_a_cpu_runs_under_the_interpreter_only(monkeypatch):
+    """TRITON_INTERPRET=1 is the supported CPU path of backend=triton (tests, dry runs): the pre-check lets it
+    through; without it, a CPU run stops in one line naming attention.backend."""
+    pytest.importorskip("triton")
+    from jensenkv.attention.backends import check_backend_device
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_backend_device("triton", "cpu")
+    for off in ("0", ""):
+        monkeypatch.setenv("TRITON_INTERPRET", off)
+        with pytest.raises(ValueError, match=r"attention\.backend.*needs a CUDA device.*TRITON_INTERPRET=1"):
+            check_backend_device("triton", "cpu")

@@ -2,6 +2,10 @@
 on the warpgroup tensor cores (HGMMA) and the tuned configs do not spill, checks the interpreter cannot make."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from jensenkv.attention.triton_kernel import TUNE_CONFIGS
@@ -23,6 +27,22 @@ def test_the_kernel_runs_on_hopper_tensor_cores_without_spills() -> None:
     assert kernel.hgmma > 0 and kernel.hmma == 0  # wgmma, not the older warp-level mma
     assert kernel.stack_bytes == 0 and kernel.local_loads == 0, kernel
     assert kernel.exp2 > 0  # the base-2 softmax
+
+
+def test_the_kernel_compiles_when_triton_is_imported_under_the_interpreter(tmp_path) -> None:
+    """`TRITON_INTERPRET=1 make test`: triton's standard library is then interpreted for the whole process, so
+    the kernel must not call it (its reductions' combine functions are its own). A fresh process and an empty
+    Triton cache: a cached compile from an earlier run would hide the failure."""
+    code = ("from jensenkv.attention.triton_aot import compile_kernel\n"
+            "try:\n    print(compile_kernel(block=(64, 32), num_warps=4, num_stages=2).hgmma)\n"
+            "except FileNotFoundError as e:\n    print('skip:', e)\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if done.stdout.startswith("skip:"):  # a triton wheel without the CUDA backend tools
+        pytest.skip(done.stdout.strip())
+    assert int(done.stdout) > 0
 
 
 @pytest.mark.slow

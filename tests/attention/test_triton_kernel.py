@@ -25,6 +25,8 @@ CONFIGS = {
     "int2-rotated": (QuantConfig(bits=2, group_size=8, rotation="hadamard"),) * 2,
     "kivi-int2": (QuantConfig(bits=2, granularity="channel", group_size=5, zero_dtype="float16"),
                   QuantConfig(bits=2, group_size=8, zero_dtype="float16")),  # G = D: bias as a tl.dot
+    "kivi-int2-channel-values": (QuantConfig(bits=2, granularity="channel", group_size=5, zero_dtype="float16"),
+                                 QuantConfig(bits=2, granularity="channel", group_size=3, zero_dtype="float16")),
     "int4-token-symmetric": (QuantConfig(bits=4, granularity="token", symmetric=True),) * 2,
     "int8-g2": (QuantConfig(bits=8, group_size=2),) * 2,  # G = 16: bias as a tl.dot
     "int2-fixed-point-zero": (QuantConfig(bits=2, group_size=8, zero_point="fixed_point", zero_dtype="int8"),) * 2,
@@ -119,6 +121,37 @@ def test_triton_merges_chunks_of_different_layouts(triton_device: str) -> None:
     for correction in ("none", "taylor"):
         expected = oracle(q, k, v, segments, correction)
         assert relative_error(triton_cached_attention(q, k, v, segments, correction), expected) <= 1e-3
+
+
+@pytest.mark.parametrize("config", ["kivi-int2", "kivi-int2-channel-values", "int2-g8"])
+def test_triton_reads_any_list_of_stored_chunks(config: str, triton_device: str) -> None:
+    """Chunks that are not one cache's in order: one left out, reversed, two caches' interleaved. Their steps
+    are concatenated, and a per-channel (KIVI) layout's stat rows are read from each chunk's place in the
+    concatenation, not from its rows in its own store (NaN or relative error ~1 before)."""
+    ours = build(config, lengths=(9, 6, 5), device=triton_device)
+    other = build(config, lengths=(7, 4), seed=5, device=triton_device)
+    q, k, v = inputs(2, 2, n_q=5, n_cur=3, device=triton_device)
+    lists = {"left out": [ours[0], ours[2]], "reversed": ours[::-1],
+             "interleaved": [ours[0], other[0], ours[1], other[1]]}
+    for name, segments in lists.items():
+        expected = oracle(q, k, v, segments, "taylor")
+        assert relative_error(triton_cached_attention(q, k, v, segments, "taylor"), expected) <= 1e-5, name
+
+
+@pytest.mark.parametrize("operands", [None, "float16"])
+def test_triton_bf16_queries_under_the_interpreter(operands, triton_device: str) -> None:
+    """The interpreter's bf16 tl.dot multiplies bit patterns (|out| ~ 1e9 before): bf16 queries take float32
+    operands there (or float16 ones, asked for), and match the oracle of the same bf16 inputs; bf16 operands
+    asked for are refused in one line."""
+    if triton_device != "cpu":
+        pytest.skip("the interpreter's dots only (on a GPU: test_triton_bf16_tensor_core_path_on_a_gpu)")
+    segments = build("int2-g8", lengths=(9, 6), sinks=1)
+    q, k, v = (t.bfloat16() for t in inputs(2, 2, n_q=5, n_cur=3))
+    expected = oracle(q, k, v, segments, "taylor")
+    actual = triton_cached_attention(q, k, v, segments, "taylor", operands=operands)
+    assert actual.dtype == torch.bfloat16 and relative_error(actual, expected) <= 1e-2
+    with pytest.raises(ValueError, match=r"^operands='bfloat16' is not allowed under TRITON_INTERPRET=1[^\n]*$"):
+        triton_cached_attention(q, k, v, segments, "taylor", operands="bfloat16")
 
 
 def test_triton_without_cached_chunks_is_plain_attention(triton_device: str) -> None:

@@ -14,9 +14,10 @@ caches); KX/VX (B, Hkv, NX, D/Dv) the current chunk; O, OF (B, Hq, M, Dv) float3
 and full-precision parts (OF only when the values are rotated: they are un-rotated after the kernel);
 LSE (B, Hq, M) float32 natural log-sum-exp; STRENGTH (Hq,) float32 (read by the elementwise bias only).
 
-Dots take DOT operands: 0 float32 (IEEE, for the oracle tests: the interpreter's bf16 dots are unreliable),
-1 bfloat16, 2 float16 (tensor cores, float32 accumulation). Softmax runs in base 2 (log2 e folded into the
-scale), so the running max m_i is in log2 units.
+Dots take DOT operands: 0 float32 (IEEE, for the oracle tests; the interpreter's bf16 dots are wrong, so
+triton_kernel never asks it for 1), 1 bfloat16, 2 float16 (tensor cores, float32 accumulation). Softmax runs
+in base 2 (log2 e folded into the scale), so the running max m_i is in log2 units. KROW/VROW tables hold rows
+relative to their first entry (absolute rows of a store's buffer, or renumbered by triton_kernel._pack).
 """
 import triton
 import triton.language as tl
@@ -29,17 +30,30 @@ LN2 = tl.constexpr(0.6931471805599453)
 SERIES_MAX_ARG = tl.constexpr(1.5)  # as jensenkv.correction.SERIES_MAX_ARG (checked by triton_kernel)
 
 
+# The reductions' combine functions are jitted here, not taken from tl.standard: triton.jit fixes a function's
+# mode (interpreted or compiled) when it decorates, and tl.standard is decorated once, at `import triton`. Ours
+# follow this module's load (triton_kernel._kernel, triton_aot._device_kernel), so the kernel compiles when
+# triton was imported under TRITON_INTERPRET=1, and interprets when it was imported without.
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
 @triton.jit
 def row_max(x):
-    """Max over axis 1 (tl.max without the standard library's jit wrapper, which the interpreter
-    cannot call when triton was imported before TRITON_INTERPRET was set)."""
-    return tl.reduce(x, 1, tl.standard._elementwise_max)
+    """Max over axis 1 (tl.max without the standard library: see _max_combine)."""
+    return tl.reduce(x, 1, _max_combine)
 
 
 @triton.jit
 def row_sum(x):
     """Sum over axis 1 (see row_max)."""
-    return tl.reduce(x, 1, tl.standard._sum_combine)
+    return tl.reduce(x, 1, _sum_combine)
 
 
 @triton.jit
@@ -214,7 +228,7 @@ def cached_attention_kernel(
                 else:
                     # exact: the series while every |x| = scale/2 |q_c| step <= SERIES_MAX_ARG in this tile
                     # (decided here, on the device), else log(sinh x / x) channel by channel
-                    arg = u_scale * tl.reduce(row_max(st), 0, tl.standard._elementwise_max)
+                    arg = u_scale * tl.reduce(row_max(st), 0, _max_combine)
                     if arg <= SERIES_MAX_ARG:
                         u2 = (st * u_scale) * (st * u_scale)
                         power = u2

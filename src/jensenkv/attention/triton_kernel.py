@@ -20,11 +20,14 @@ batch x query head):
 Values quantized with a rotation accumulate separately and are un-rotated after the kernel.
 
 A call allocates only what is proportional to the queries (bias columns, outputs); the cache is read where
-it is stored. Chunks not laid out back to back (hand-built, or from different caches) are concatenated per
-call, one storage layout per launch, and the launches merge by log-sum-exp. QVG chunks, dithered chunks and
-INT3 codes are refused. On a GPU the block sizes, warps and stages are autotuned per (head dim, dtype, bits,
-bias) from a small list (the first call per key times them); ``TRITON_INTERPRET=1`` runs the kernel on the
-CPU (tests, float32 operands), taking effect when set before the first call.
+it is stored. Any list of stored chunks is read: chunks not laid out back to back (hand-built, one left out,
+reordered, or from different caches) are concatenated per call, their per-channel (KIVI) stat rows renumbered
+to the concatenation; one storage layout per launch, and the launches merge by log-sum-exp. QVG chunks,
+dithered chunks and INT3 codes are refused. On a GPU the block sizes, warps and stages are autotuned per (head
+dim, dtype, bits, bias) from a small list (the first call per key times them); ``TRITON_INTERPRET=1`` runs the
+kernel on the CPU (tests, dry runs; 16 x 16 tiles), taking effect when set before the first call. The
+interpreter's bf16 dots are wrong (it multiplies bit patterns), so bf16 queries take float32 operands there
+and operands="bfloat16" is refused; float32 and float16 operands run as on a GPU.
 """
 from __future__ import annotations
 
@@ -164,11 +167,12 @@ def _codes_view(t: RTNTensor, batch: int, heads: int) -> torch.Tensor:
     return t.packed.view(batch, heads, t.shape[2], t.shape[3] * t.bits // 8)
 
 
-def _chunk_rows(t: RTNTensor, first_row: int) -> torch.Tensor:
-    """(S,) int32 stat rows of a chunk's tokens, its first row at ``first_row`` (a store's table as it is)."""
+def _chunk_rows(t: RTNTensor, first_row: int, as_stored: bool) -> torch.Tensor:
+    """(S,) int32 stat rows of a chunk's tokens: ``as_stored``, a store's table as it is (absolute rows of its
+    buffer: no per-call copy), else relative to the steps the kernel is handed, the chunk's first at ``first_row``."""
     stored = getattr(t, "stat_rows", None)
     if stored is not None:
-        return stored
+        return stored if as_stored else stored - stored[:1] + first_row  # (stored[:1]: no host read)
     s, device = t.shape[2], t.packed.device
     if t.layout.granularity == "tensor":
         return torch.full((s,), first_row, dtype=torch.int32, device=device)
@@ -186,17 +190,21 @@ def _pack(tensors: list[RTNTensor], batch: int, heads: int) -> _Packed:
     else:
         steps = [t.step for t in tensors]
         zeros = None if first.zero is None else [t.zero for t in tensors]
-    step = _joined(steps, dim=2)
+    in_place = back_to_back(steps, dim=2) is not None  # one store's consecutive chunks
+    step = _joined(steps, dim=2)  # (B, H, R, G)
     zero = None if zeros is None else _joined(zeros, dim=2)
     if zero is not None and zero.stride() != step.stride():  # one view and one copy: both copies
         step, zero = step.contiguous(), zero.contiguous()
     rows = None
     if not per_token:
+        # The kernel reads token n's stats at row rows[n] - rows[0] of ``step``. Consecutive chunks of one
+        # store: its absolute table holds that as it is. Otherwise (a chunk left out, reordered, from another
+        # cache) ``step`` is a concatenation: each chunk's rows restart at its own place in it.
         parts, first_row = [], 0
         for t, s in zip(tensors, steps):
-            parts.append(_chunk_rows(t, first_row))
+            parts.append(_chunk_rows(t, first_row, as_stored=in_place))
             first_row += s.shape[2]
-        rows = _joined(parts, dim=0)
+        rows = _joined(parts, dim=0)  # (N,) int32
     kind, offset, scale = _zero_convention(first)
     return _Packed(codes, step, zero, rows, first.bits, step.shape[-1], kind, offset, scale, first.rotation)
 
@@ -272,10 +280,18 @@ def _full_precision(seg: SegmentLike, name: str) -> torch.Tensor:
 
 
 def _operand_code(q: torch.Tensor, operands: str | None) -> int:
+    """The kernel's DOT code. Under TRITON_INTERPRET the dots run in numpy, whose bf16 ``tl.dot`` multiplies
+    raw bit patterns (a Triton interpreter limitation: |out| ~ 1e9, no error): bf16 queries take float32
+    operands there, and bfloat16 operands asked for are refused."""
     name = operands or ("float32" if q.dtype in (torch.float32, torch.float64) else str(q.dtype).split(".")[-1])
     if name not in OPERANDS:
         raise ValueError(f"operands={operands!r} is not allowed for q.dtype={q.dtype}: use one of {tuple(OPERANDS)} "
                          "(None: the query's dtype)")
+    if name == "bfloat16" and _interpret():
+        if operands is not None:
+            raise ValueError("operands='bfloat16' is not allowed under TRITON_INTERPRET=1 (its bf16 dots are wrong): "
+                             "use float32 or float16 (None: float32 for bf16 queries)")
+        name = "float32"
     return OPERANDS[name]
 
 
