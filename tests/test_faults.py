@@ -83,6 +83,12 @@ def test_a_run_whose_lock_can_never_be_taken_exits_2_and_the_summary_does_not_wa
     assert err.count("\n") == 1 and ".lock cannot be read" in err
     text, complete = summarize([PlannedRun(spec.run_id, tmp_path, "rtn", False)], time.time())
     assert not complete and "1 failed" in text and ".lock cannot be read" in text
+    from jensenkv.exit_codes import FAILED, PARTIAL
+    from jensenkv.run.summary import job_status, summary_status
+
+    assert summary_status([PlannedRun(spec.run_id, tmp_path, "rtn", False)], time.time())[1] == FAILED  # not 1
+    assert summary_status([PlannedRun("0" * 16, tmp_path / "empty", "rtn", False)], time.time())[1] == PARTIAL
+    assert job_status(1) == FAILED and job_status(2) == 2 and job_status(None) == 0  # Hydra's 1: an error
 
 
 # --- 2. Ctrl-C: one line and the summary; the rerun says what it resumed -------------------------------------

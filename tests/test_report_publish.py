@@ -151,7 +151,7 @@ def test_a_report_that_fails_halfway_writes_none_of_its_files(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         publish(tmp_path, parts)
     assert (tmp_path / "a.csv").read_text() == "committed a\n" and not (tmp_path / "b.md").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]  # no temp folder left behind
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".publish.lock") == ["a.csv"]  # no temp folder
 
 
 def test_table1_fails_halfway_without_writing(store, tmp_path, monkeypatch):
@@ -313,9 +313,103 @@ def test_figures_refuse_to_mix_models(tmp_path):
 def test_a_killed_reports_staging_folder_is_removed_by_the_next_report(tmp_path):
     from jensenkv.report.publish import Part, publish, text_file
 
-    old, fresh = tmp_path / ".report.abc.tmp", tmp_path / ".report.def.tmp"
+    old, fresh = tmp_path / ".report.abc.tmp", tmp_path / ".publish"
     for folder in (old, fresh):
         (folder / "0").mkdir(parents=True)
-    os.utime(old, (0, 0))  # left by a kill long ago; ``fresh`` may belong to a report running now
+    os.utime(old, (0, 0))  # an earlier version's, and one with no journal: neither ever committed
     publish(tmp_path, [Part("t", {"t.md": text_file("x")})])
-    assert not old.exists() and fresh.exists() and (tmp_path / "t.md").read_text() == "x"
+    assert not old.exists() and not fresh.exists() and (tmp_path / "t.md").read_text() == "x"
+
+
+# --- all or none under kill -9: a publish killed at any step leaves the old set or the new one ------------
+TABLE1_SET = ("table1.csv", "table1.md", "table1.tex", "table1_layers.csv", "table1_videos.csv")
+KILLED_AT = """
+import os, signal, sys
+from jensenkv.report import table1
+
+k, steps, real_publish = int(sys.argv[1]), [0], table1.publish
+
+
+def killing(real):  # SIGKILL this process just before its k-th file operation while publishing
+    def step(*args, **kwargs):
+        steps[0] += 1
+        if steps[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    return step
+
+
+def publish(*args, **kwargs):
+    for name in ("replace", "rename", "unlink", "rmdir"):
+        setattr(os, name, killing(getattr(os, name)))
+    return real_publish(*args, **kwargs)
+
+
+table1.publish = publish
+table1.main(sys.argv[2:])
+"""
+
+
+def _table1_set(out: Path) -> dict[str, bytes | None]:
+    return {name: (out / name).read_bytes() if (out / name).exists() else None for name in TABLE1_SET}
+
+
+def test_a_report_killed_at_any_step_of_publishing_leaves_all_old_or_all_new(store, tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    args = ["--results", str(store), "--no-figures", "--allow-incomplete"]
+    old = {name: (COMMITTED / name).read_bytes() for name in TABLE1_SET}
+    seen, k = [], 1
+    while True:
+        out = tmp_path / f"k{k}"
+        out.mkdir()
+        for name, data in old.items():
+            (out / name).write_bytes(data)
+        run = subprocess.run([sys.executable, "-c", KILLED_AT, str(k), *args, "--out", str(out)], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+        if run.returncode != -9:  # past the last step: it finished
+            assert run.returncode == 1, run.stderr  # --allow-incomplete on an incomplete store: partial
+            new = _table1_set(out)
+            break
+        with pytest.raises(SystemExit):  # the next report (claims, into the same out) recovers first
+            claims.main(["--results", str(store), "--out", str(out)])
+        assert not (out / ".publish").exists() and not list(out.glob(".report.*")), k
+        seen.append(_table1_set(out))
+        k += 1
+    assert new != old and None not in new.values()
+    assert k > len(TABLE1_SET) + 2  # the journal, every move and the clean-up were each a kill point
+    assert all(s in (old, new) for s in seen), [k for k, s in enumerate(seen, 1) if s not in (old, new)]
+    assert seen[0] == old and seen[-1] == new  # killed before the commit: the old set; after it: the new one
+
+
+# --- one set of exit codes (jensenkv.exit_codes), run as a user runs them ------------------------------------
+def _exit(report: str, *args: str) -> int:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", f"jensenkv.report.{report}", *args], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert "Traceback" not in run.stderr, run.stderr
+    return run.returncode
+
+
+def test_every_report_exits_1_on_an_incomplete_store_3_on_a_damaged_one_2_on_bad_input(store, tmp_path):
+    from jensenkv.exit_codes import BAD_INPUT, EPILOG, FAILED, PARTIAL
+
+    out = str(tmp_path / "out")
+    for report, extra in (("table1", ["--no-figures"]), ("claims", []), ("figures", [])):
+        assert _exit(report, "--results", str(store), "--out", out, "--allow-incomplete", *extra) == PARTIAL, report
+    damaged = tmp_path / "damaged"
+    shutil.copytree(store, damaged)
+    record = next(damaged.glob("runs/*/record.json"))
+    record.write_text(record.read_text().replace('"per_prompt"', '"per_prompt_edited"', 1))  # its videos gone
+    for report, extra in (("table1", ["--no-figures"]), ("claims", [])):
+        assert _exit(report, "--results", str(damaged), "--out", out, *extra) == FAILED, report
+    assert _exit("figures", "--results", str(store), "--out", out, "--model", "nope") == BAD_INPUT
+    for main in (table1.main, claims.main, figures.main):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+    assert "130 interrupted" in EPILOG

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from jensenkv.attention.diagnostics import HEAD_MOMENT_KEYS
+from jensenkv.exit_codes import EPILOG
 
 log = logging.getLogger("jensenkv.calibrate")
 OBJECTIVE = ("least squares per (layer, head): s = argmin_s sum (delta - s * <b>)^2 over probed denoising steps, "
@@ -276,7 +277,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m jensenkv.calibrate", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", help="file name (default: <model>-<quantizer>-int<bits>-g<group>-<correction>)")
     parser.add_argument("--out", help="output path (default: <paths.results_dir>/calibration/<name>.json)")
     parser.add_argument("--shrink", type=float, default=None, metavar="TARGET",

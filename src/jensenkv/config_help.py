@@ -16,7 +16,10 @@ import tokenize
 import typing
 from typing import Any
 
+from jensenkv import exit_codes
+
 RESOLVER = "jensenkv_fields"
+EXIT_RESOLVER = "jensenkv_exit_codes"  # the exit-status line of --help (jensenkv.exit_codes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,3 +146,5 @@ def register_help_resolver() -> None:
 
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, lambda *, _root_: fields_help(_root_))
+    if not OmegaConf.has_resolver(EXIT_RESOLVER):
+        OmegaConf.register_new_resolver(EXIT_RESOLVER, lambda: exit_codes.EPILOG)

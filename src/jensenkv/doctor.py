@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jensenkv.exit_codes import EPILOG
 from jensenkv.eval.readiness import METRIC_PACKAGES, check_metric, check_vbench_dimension, metric_checks  # noqa: F401
 from jensenkv.models.registry import FAMILIES, family
 from jensenkv.readiness import Check, NotReadyError, import_error, module_checks, require  # noqa: F401 - re-exported
@@ -94,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ev = OmegaConf.to_container(compose_config().eval, resolve=True)  # the default eval node, defaults included
     configs = model_configs()
-    parser = argparse.ArgumentParser(prog="python -m jensenkv.doctor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jensenkv.doctor", description=__doc__.split("\n\n")[0],
+                                     epilog=EPILOG + " (without --strict, missing weights exit 0)")
     parser.add_argument("--models", nargs="*", default=None, choices=sorted(configs),
                         help="model configs to check (default: all)")
     parser.add_argument("--metrics", nargs="*", default=None, choices=sorted(METRIC_PACKAGES),

@@ -49,7 +49,10 @@ from jensenkv.report.options import Options, load_options
 from jensenkv.report.table1 import DIGITS, fmt_signed
 from jensenkv.report.verdicts import (FAILS, HOLDS, INCONCLUSIVE, MISSING, REVERSED, RULE, decide, side_of,
                                       summarize)
-from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, shown_path, text_file
+from jensenkv.exit_codes import EPILOG, guarded, stop
+from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
+from jensenkv.report.publish import (PARTIAL, Part, add_store_args, publish, recover_store, report_error, shown_path,
+                                    text_file)
 from jensenkv.tracking import portable
 
 # Fidelity metrics and the side of 0 that is better (a paired difference there is an improvement).
@@ -579,7 +582,7 @@ def write_claims(results_dir: str | Path = "results", out: str | Path | None = N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=EPILOG)
     add_store_args(parser, "claims.md goes to <out>/")
     parser.add_argument("--model", default=None, help="only this model (its label in the records)")
     parser.add_argument("--correction", default="taylor", help="the paper's correction (default: taylor)")
@@ -588,18 +591,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-incomplete", action="store_true",
                         help=f"write the report of an incomplete store to <out>/ too (default: <out>/{PARTIAL}/)")
     args = parser.parse_args(argv)
+    guarded(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> None:
+    recover_store(args)
     try:
         path, reports, why = write_claims(args.results, args.out, args.model, args.correction, args.bits,
                                           args.reference_bits, args.allow_incomplete)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        report_error(e)
     for rep in reports:
         for claim in rep.claims:
             print(f"{rep.model} claim {claim.key}: {claim.headline}")
     print(f"claims: {path}")
+    if why and not args.allow_incomplete:
+        stop(f"{why}: written to {path}, the committed claims.md is unchanged; run `make reproduce-table1` (or "
+             "pass --allow-incomplete)", PARTIAL_EXIT)
     if why:
-        raise SystemExit(f"{why}: written to {path}, the committed claims.md is unchanged; run "
-                         "`make reproduce-table1` (or pass --allow-incomplete)")
+        stop(f"{why}: written to {path} (--allow-incomplete)", PARTIAL_EXIT)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from jensenkv.checks import fail
 from jensenkv.eval.attention import mass_by_layer_step
 from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
 from jensenkv.report.model_choice import choose_model
-from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish
+from jensenkv.exit_codes import EPILOG, guarded, stop
+from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
+from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, recover_store, report_error
 from jensenkv.report.rows import attach_details, full_cache
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.tracking import ResultsStore, load_attention, load_results
@@ -310,22 +312,30 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m jensenkv.report.figures [--results results] [--out results] [--model M]`` (``make figures``)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="figures from the results store")
+    parser = argparse.ArgumentParser(description="figures from the results store", epilog=EPILOG)
     add_store_args(parser, "the PNGs go to <out>/figures/")
     parser.add_argument("--model", default=None, help="the model to draw (default: the store's only model)")
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="write figures of an incomplete store to <out>/figures/ too")
     args = parser.parse_args(argv)
+    guarded(lambda: _main(args))
+
+
+def _main(args) -> None:
+    recover_store(args)
     try:
         written = write_figures(args.results, args.out, args.model, allow_incomplete=args.allow_incomplete)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        report_error(e)
     for name, where in written.items():
         if name != "partial":
             print(f"{name}: {where}")
+    out = Path(args.out or args.results)
+    if "partial" in written and not args.allow_incomplete:
+        stop(f"{written['partial']}: written under {out / PARTIAL}, the committed figures are unchanged; run "
+             "`make reproduce-table1` (or pass --allow-incomplete)", PARTIAL_EXIT)
     if "partial" in written:
-        raise SystemExit(f"{written['partial']}: written under {Path(args.out or args.results) / PARTIAL}, the "
-                         "committed figures are unchanged; run `make reproduce-table1` (or pass --allow-incomplete)")
+        stop(f"{written['partial']}: written to {out / 'figures'} (--allow-incomplete)", PARTIAL_EXIT)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from jensenkv.eval.stats import ALPHA, holm, mean_interval, paired_difference, shift_test
 from jensenkv.report.claims import ONE_SIDED_LEVEL
-from jensenkv.report.publish import Part, add_store_args, publish, text_file
+from jensenkv.exit_codes import EPILOG, FAILED, PARTIAL, guarded, stop
+from jensenkv.report.publish import Part, add_store_args, publish, recover_store, report_error, text_file
 from jensenkv.report.rows import cluster_means, setting_tags
 
 BASELINE = "none"
@@ -397,24 +397,30 @@ def build(results: Path) -> list[Part]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jensenkv.report.llm_prefill", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jensenkv.report.llm_prefill", description=__doc__.split("\n")[0],
+                                     epilog=EPILOG)
     add_store_args(parser, "where the LLM tables and figures go")
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="write an incomplete store's files in place of the committed ones")
     args = parser.parse_args(argv)
+    guarded(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> None:
     from jensenkv.llm_store import DamagedLlmRunError
 
+    recover_store(args)
     try:
         parts = build(Path(args.results))
     except DamagedLlmRunError as e:
-        print(f"error: {e}; rerun `python -m jensenkv.run.llm_prefill experiment=llm_prefill` to redo it", file=sys.stderr)
-        sys.exit(3)
+        stop(f"error: {e}; rerun `python -m jensenkv.run.llm_prefill experiment=llm_prefill` to redo it", FAILED)
+    except (FileNotFoundError, ValueError) as e:
+        report_error(e)
     published = publish(args.out or args.results, parts, args.allow_incomplete)
     for rel, path in published.paths.items():
         print(f"wrote {path}")
     for why in published.incomplete.values():
-        print(f"incomplete: {why}")
-    sys.exit(0 if published.complete else 1)
+        stop(f"incomplete: {why}", PARTIAL)
 
 
 if __name__ == "__main__":

@@ -5,21 +5,28 @@
   experiment lacks (its ``gaps``); with any gap, its files go to ``<out>/partial/`` instead, beside
   ``<out>/partial/<report>.why.txt``: one line saying which runs or cells are missing. The committed files stay
   byte-identical.
-- **All or none.** A report builds every file first, into a temporary folder beside its destination; only
-  when all of them are built are they moved into place (``os.replace``, each file atomic). A report that fails
-  halfway writes none of its files.
+- **All or none, even under kill -9.** A report builds every file first, into ``<out>/.publish/``; only when
+  all of them are built does it write ``.publish/journal.json`` (one ``os.replace``: the commit point), which
+  names every move; then it moves the files into place and removes the folder. Before any report reads or
+  writes ``<out>`` (``recover``), a journal left by a killed report is finished (its moves redone: the set is
+  all new) and a folder without one is removed (it never committed: the set is all old). One report publishes
+  into an out dir at a time (``.publish.lock``, an OS lock the kernel frees when its holder dies), so whatever
+  the next one finds there belongs to a dead process.
 - **One flag.** Every report command reads the store named by ``--results`` (default: ``$JENSENKV_RESULTS``,
   else ``results``, as the runs' ``paths.results_dir``) and writes under ``--out`` (default: ``--results``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 PARTIAL = "partial"  # <out>/partial/: what an incomplete store produced (`make clean` removes it)
 RESULTS_ENV = "JENSENKV_RESULTS"  # the runs' variable (config.py: paths.results_dir)
@@ -78,53 +85,121 @@ def destination(out: Path, part: Part, allow_incomplete: bool = False) -> Path:
 
 
 def publish(out: str | Path, parts: Sequence[Part], allow_incomplete: bool = False) -> Published:
-    """Build every part's files in one temporary folder under ``out``, then move each into its destination
-    (``destination``); an exception while building leaves every destination as it was."""
+    """Build every part's files in ``<out>/.publish/``, commit (the journal), then move each into its
+    destination (``destination``); an exception or a kill before the commit leaves every destination as it was,
+    one after it leaves the whole new set (the next report finishes the moves)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".report.", suffix=".tmp"))
-    try:
-        moves: list[tuple[Path, Path, str]] = []  # (built file, destination, relative name)
-        for i, part in enumerate(parts):
-            folder = destination(out, part, allow_incomplete)
-            files = dict(part.files)
-            if not part.complete and not allow_incomplete:
-                files[f"{part.name}.why.txt"] = lambda path, p=part: path.write_text(p.why + "\n")
-            for rel, write in files.items():
-                built = staging / str(i) / rel
-                built.parent.mkdir(parents=True, exist_ok=True)
-                write(built)
-                moves.append((built, folder / rel, rel))
-        published = Published()
-        for built, final, rel in moves:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(built, 0o666 & ~_umask())
-            os.replace(built, final)
-            published.paths[rel] = final
-        published.incomplete = {p.name: p.why for p in parts if not p.complete}
-        return published
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def remove_stale_staging(out: Path) -> list[Path]:
-    """Remove staging folders a killed report left in ``out``: those untouched for longer than the lock's stale
-    limit (a live report's folder is minutes old at most)."""
-    import time
-
-    from jensenkv.tracking import lock_stale_after_s
-
-    limit = time.time() - lock_stale_after_s()
-    removed = []
-    for folder in out.glob(".report.*.tmp"):
+    with _publishing(out):
+        _say(out, _recover(out))
+        staging = out / STAGING
+        staging.mkdir()
         try:
-            if folder.is_dir() and folder.stat().st_mtime < limit:
-                shutil.rmtree(folder)
-                removed.append(folder)
-        except OSError:  # best effort: a folder another process removes first, or a read-only store
-            continue
-    return removed
+            moves = _build(staging, out, parts, allow_incomplete)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _commit(staging, moves)
+        _finish(out)
+    published = Published(incomplete={p.name: p.why for p in parts if not p.complete})
+    published.paths = {rel: out / final for _, final, rel in moves}
+    return published
+
+
+STAGING = ".publish"  # <out>/.publish/: the files being built; with journal.json once all are
+JOURNAL = "journal.json"  # [[built, final], ...], relative to .publish/ and to out: written last, atomically
+LOCK = ".publish.lock"  # one publisher per out dir
+LEGACY_STAGING = ".report.*.tmp"  # staging folders of earlier versions: never committed
+
+
+def _build(staging: Path, out: Path, parts: Sequence[Part], allow_incomplete: bool) -> list[tuple[str, str, str]]:
+    """Write every file under ``staging``: [(built, final, relative name)], built relative to ``staging``,
+    final relative to ``out``."""
+    moves = []
+    for i, part in enumerate(parts):
+        folder = destination(Path(), part, allow_incomplete)
+        files = dict(part.files)
+        if not part.complete and not allow_incomplete:
+            files[f"{part.name}.why.txt"] = lambda path, p=part: path.write_text(p.why + "\n")
+        for rel, write in files.items():
+            built = staging / str(i) / rel
+            built.parent.mkdir(parents=True, exist_ok=True)
+            write(built)
+            os.chmod(built, 0o666 & ~_umask())
+            moves.append((str(built.relative_to(staging)), str(folder / rel), rel))
+    return moves
+
+
+def _commit(staging: Path, moves: list[tuple[str, str, str]]) -> None:
+    """The commit point: the journal appears whole (``os.replace``) only once every file is built."""
+    pending = staging / f"{JOURNAL}.tmp"
+    pending.write_text(json.dumps([[built, final] for built, final, _ in moves]))
+    os.replace(pending, staging / JOURNAL)
+
+
+def _finish(out: Path) -> None:
+    """Do the journal's moves (those not done yet: each ``os.replace`` is atomic, a file is either still
+    built or already in place), then remove the staging folder, journal first."""
+    staging = out / STAGING
+    for built, final in json.loads((staging / JOURNAL).read_text()):
+        if (staging / built).exists():
+            (out / final).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / built, out / final)
+    (staging / JOURNAL).unlink()
+    shutil.rmtree(staging)
+
+
+def _recover(out: Path) -> str:
+    """Under the lock: finish a committed publish a killed report left, remove one that never committed.
+    Returns what was done ("" when nothing was left)."""
+    done = ""
+    if (out / STAGING / JOURNAL).is_file():
+        _finish(out)
+        done = "finished the publish a killed report had committed"
+    leftovers = [p for p in (out / STAGING, *out.glob(LEGACY_STAGING)) if p.exists()]
+    for folder in leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+    return done or ("removed the files of a killed report that never committed" if leftovers else "")
+
+
+def recover(out: str | Path) -> str:
+    """What every report does first, for its store and its out dir: finish or undo a publish a killed report
+    left there, so nothing reads a mixed set. Free (no lock, no write) when nothing was left."""
+    out = Path(out)
+    if not (out / STAGING).exists() and not any(out.glob(LEGACY_STAGING)):
+        return ""
+    with _publishing(out):
+        done = _recover(out)
+    _say(out, done)
+    return done
+
+
+def recover_store(args: argparse.Namespace) -> None:
+    """``recover`` a report command's ``--results`` and ``--out``: the first thing it does."""
+    for folder in dict.fromkeys([args.results, args.out or args.results]):
+        recover(folder)
+
+
+def _say(out: Path, done: str) -> None:
+    if done:
+        print(f"{out}: {done}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _publishing(out: Path) -> Iterator[None]:
+    """Hold ``<out>/.publish.lock`` (waiting, with a message, while another report publishes there)."""
+    import filelock
+
+    lock = filelock.FileLock(str(out / LOCK))
+    try:
+        lock.acquire(timeout=5)
+    except filelock.Timeout:
+        print(f"waiting for another report publishing into {out} ({out / LOCK})", file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _umask() -> int:
@@ -145,3 +220,14 @@ def shown_path(path: str | Path) -> str:
     if from_env and resolved == Path(from_env).resolve():
         return f"${RESULTS_ENV}"
     return os.path.relpath(resolved, PROJECT)
+
+
+def report_error(error: Exception) -> NoReturn:
+    """A report's one-line error and its status: a damaged store or a failed write 3, a bad flag or path 2."""
+    from jensenkv.exit_codes import BAD_INPUT, FAILED, stop
+    from jensenkv.llm_store import DamagedLlmRunError
+    from jensenkv.record_check import CorruptRecordError
+
+    damaged = isinstance(error, (CorruptRecordError, DamagedLlmRunError))
+    failed = isinstance(error, OSError) and not isinstance(error, FileNotFoundError)
+    stop(f"error: {error}", FAILED if damaged or failed else BAD_INPUT)

@@ -45,7 +45,9 @@ from jensenkv.report.rows import (BASELINE, QUANTIZER_ORDER, REASON_SOURCE, RUN_
                                   attach_details, bits_label, by_replicate, full_cache, present, quantizer_label,
                                   run_ids_of, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, text_file
+from jensenkv.exit_codes import EPILOG, guarded, stop
+from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
+from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, recover_store, report_error, text_file
 from jensenkv.tracking import load_results, portable
 
 CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
@@ -483,7 +485,7 @@ def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=EPILOG)
     add_store_args(parser, "where table1.* and figures/ go")
     parser.add_argument("--group-size", type=int, default=32, help="group size of the RTN-family rows")
     parser.add_argument("--correction", default="taylor",
@@ -492,23 +494,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-incomplete", action="store_true",
                         help=f"write an incomplete table to --out too (default: to <out>/{PARTIAL}/)")
     args = parser.parse_args(argv)
+    guarded(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> None:
+    recover_store(args)
     try:
         t1 = build_table1(args.results, args.group_size, args.correction)
         print(t1.describe())
         written = write_table1(args.results, args.out, args.group_size, args.correction, not args.no_figures,
                                args.allow_incomplete, built=t1)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        report_error(e)
     for name, where in written.items():
         if name != "partial":
             print(f"{name}: {where}")
     out = Path(args.out or args.results)
     if not t1.complete and not args.allow_incomplete:
-        raise SystemExit(f"Table 1 is incomplete (missing: {'; '.join(t1.missing_rows)}): written under "
-                         f"{out / PARTIAL}, the tables in {out} are unchanged; run `make reproduce-table1` "
-                         "(or pass --allow-incomplete)")
+        stop(f"Table 1 is incomplete (missing: {'; '.join(t1.missing_rows)}): written under {out / PARTIAL}, "
+             f"the tables in {out} are unchanged; run `make reproduce-table1` (or pass --allow-incomplete)", PARTIAL_EXIT)
     if "partial" in written:
-        print(f"{written['partial']}: written under {out / PARTIAL}, the committed ones are unchanged")
+        stop(f"{written['partial']}: written to {out} (--allow-incomplete)", PARTIAL_EXIT)
 
 
 if __name__ == "__main__":

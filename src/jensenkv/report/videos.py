@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jensenkv.checks import fail
+from jensenkv.exit_codes import EPILOG, PARTIAL, guarded, stop
 from jensenkv.eval.video_files import UPSCALED_DIR, load_mp4, mp4_fps, save_mp4, upscale
 from jensenkv.report.model_choice import choose_model
 from jensenkv.report.options import load_options
@@ -217,10 +218,10 @@ def write_strips(results_dir: str | Path, out_dir: str | Path | None = None, mod
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m jensenkv.report.videos`` (``make reproduce-table1`` runs it after the report)."""
-    from jensenkv.report.publish import Part, add_store_args, publish
-    from jensenkv.report.table1 import missing_rows
+    from jensenkv.report.publish import add_store_args
 
-    parser = argparse.ArgumentParser(description="BF16 | quantized | corrected video strips, one per prompt")
+    parser = argparse.ArgumentParser(description="BF16 | quantized | corrected video strips, one per prompt",
+                                     epilog=EPILOG)
     add_store_args(parser, "where --figure's figures/video_strip.png goes")
     parser.add_argument("--model", default=None, help="the model shown (default: the built-in model, else the first)")
     parser.add_argument("--correction", default="taylor", help="the corrected column (default: taylor)")
@@ -232,15 +233,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="also publish the first strip's contact sheet as <out>/figures/video_strip.png "
                              "(from a store holding all of Table 1; else under <out>/partial/)")
     args = parser.parse_args(argv)
+    guarded(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> None:
+    from jensenkv.report.publish import Part, publish, recover_store, report_error
+    from jensenkv.report.table1 import missing_rows
+
+    recover_store(args)
     try:
         model, written, skipped = write_strips(args.results, args.strips, args.model, args.correction, args.fps,
                                                args.row)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        report_error(e)
     for line in skipped:
         print(f"no strip: {line}")
     if not written:
-        raise SystemExit(f"error: no strip written for model {model!r} under {args.results}")
+        stop(f"incomplete: no strip written for model {model!r} under {args.results}", PARTIAL)
     where = written[0].parent.parent
     print(f"{len(written)} strip{'s' if len(written) != 1 else ''} of {model} (BF16 | quantized | {args.correction}) under {where}: "
           f"<setting>/<prompt>.mp4 and .png")
@@ -251,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         published = publish(args.out or args.results, [part])
         print(f"figure: {published.paths['figures/video_strip.png']} ({sheet})")
         if not published.complete:
-            raise SystemExit(f"incomplete: {part.why}")
+            stop(f"incomplete: {part.why}", PARTIAL)
 
 
 if __name__ == "__main__":

@@ -58,16 +58,21 @@ def run_command(overrides: Sequence[str], work: Callable[[], Any]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    try:
-        check_group_overrides(list(overrides))
-        result = work()
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(2)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(result)
+    from jensenkv.exit_codes import guarded
+
+    def body() -> None:
+        try:
+            check_group_overrides(list(overrides))
+            result = work()
+        except (HydraException, OmegaConfBaseException) as e:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+            sys.exit(2)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        print(result)
+
+    guarded(body)
 
 
 def _one_line(error: Exception) -> str:

@@ -29,6 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from jensenkv.exit_codes import EPILOG, guarded
 from jensenkv.hashing import config_hash
 from jensenkv.llm_config import LlmPrefillConfig, RunPlan, compose, plan_runs
 from jensenkv.llm_store import (
@@ -286,9 +287,13 @@ def _main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m jensenkv.run.llm_prefill", description=__doc__.split("\n\n")[0],
-                                     epilog="Fields and defaults: jensenkv/llm_config.py; experiments: configs/llm/")
+                                     epilog="Fields and defaults: jensenkv/llm_config.py; experiments: configs/llm/. " + EPILOG)
     parser.add_argument("settings", nargs="*", help="Hydra overrides: experiment=llm_prefill, key=value ...")
     args = parser.parse_args(argv).settings
+    guarded(lambda: _run(args))
+
+
+def _run(args: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

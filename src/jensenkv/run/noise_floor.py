@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jensenkv.exit_codes import EPILOG
+
 log = logging.getLogger("jensenkv.noise_floor")
 BASES = {"bf16": ["quant=bf16"], "rtn INT2 g32 none": ["quant=rtn", "correction=none"],
          "quarot+rtn INT2 g32 none": ["quant=quarot", "correction=none"],  # rotation seed 0, the default
@@ -120,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from jensenkv.run.cli import run_command
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(prog="python -m jensenkv.run.noise_floor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jensenkv.run.noise_floor", description=__doc__.split("\n\n")[0],
+                                     epilog=EPILOG)
     parser.add_argument("--out", help="CSV path (default: <paths.results_dir>/noise_floor.csv)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m jensenkv.run")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

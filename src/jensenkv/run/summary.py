@@ -3,7 +3,9 @@
 Hydra reports neither runs skipped because another process holds them nor runs a stopped sweep never
 reached, so the command plans its runs first (every job of the sweep, with its run id) and checks the
 results store after Hydra returns. A run still held by a live process elsewhere (another sweep, a SLURM
-job) is waited for, with a message. Any run without a record at the end makes the exit status non-zero.
+job) is waited for, with a message. The exit status (``jensenkv.exit_codes``): 0 when every run has its
+record, 1 (partial) when runs are missing (not reached, held elsewhere), 3 when a run failed or is damaged, 2
+for bad input; a job's unexpected error (Hydra's own exit 1) counts as failed.
 
 Ctrl-C prints one line and the summary (exit 130). A run whose record is written counts as done even when its
 W&B log failed (a full disk, W&B down): the summary says so, and any rerun logs it (exit 0: every result is
@@ -20,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("jensenkv.run")
-MISSING_EXIT = 1  # runs missing or failed at the end of the command
-INTERRUPTED_EXIT = 130  # Ctrl-C (128 + SIGINT), as a shell reports it
+from jensenkv.exit_codes import BAD_INPUT, DONE, FAILED, INTERRUPTED, PARTIAL
+
+MISSING_EXIT = PARTIAL  # runs missing at the end of the command (none failed)
+INTERRUPTED_EXIT = INTERRUPTED  # Ctrl-C (128 + SIGINT), as a shell reports it
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,12 @@ def _wandb_note(results: dict, status: str) -> str:
 
 def summarize(runs: list[PlannedRun], started_at: float, wait: bool = True) -> tuple[str, bool]:
     """(the summary text, True when every run has a record); ``wait``: see ``outcome``."""
+    text, status = summary_status(runs, started_at, wait)
+    return text, status == DONE
+
+
+def summary_status(runs: list[PlannedRun], started_at: float, wait: bool = True) -> tuple[str, int]:
+    """(the summary text, its exit status: DONE, PARTIAL when runs are missing, FAILED when any failed)."""
     results = {run.run_id: outcome(run, started_at, wait) for run in runs}
     counts = {k: sum(1 for status, _ in results.values() if status == k) for k in ("done", "skipped", "failed",
                                                                                   "missing")}
@@ -147,7 +157,16 @@ def summarize(runs: list[PlannedRun], started_at: float, wait: bool = True) -> t
         status, detail = results[run.run_id]
         if status in ("failed", "missing"):
             lines.append(f"  {status}: run {run.run_id} ({run.label}): {detail}")
-    return "\n".join(lines), counts["failed"] + counts["missing"] == 0
+    status = FAILED if counts["failed"] else PARTIAL if counts["missing"] else DONE
+    return "\n".join(lines), status
+
+
+def job_status(code: int | str | None) -> int:
+    """A job's exit as the command's: ours (bad input, failed) as they are; anything else (Hydra's 1 for an
+    unexpected error, a message) is a failure, never "partial"."""
+    if code in (0, None):
+        return DONE
+    return code if code in (BAD_INPUT, FAILED, INTERRUPTED) else FAILED
 
 
 INTERRUPTED = ("interrupted: Ctrl-C stopped the command; finished runs and videos are kept, and the same "
@@ -181,14 +200,14 @@ def run_with_summary(args: Sequence[str], launch: Callable[[], None]) -> None:
     if runs is None:
         if interrupted:
             sys.exit(INTERRUPTED_EXIT)
-        if code not in (0, None):
-            sys.exit(code)
+        if job_status(code) != DONE:
+            sys.exit(job_status(code))
         return
-    text, complete = summarize(runs, started_at, wait=not interrupted)
+    text, status = summary_status(runs, started_at, wait=not interrupted)
     print(text, file=sys.stderr, flush=True)
     if interrupted:
         sys.exit(INTERRUPTED_EXIT)
-    if code not in (0, None):
-        sys.exit(code)
-    if not complete:
-        sys.exit(MISSING_EXIT)
+    if job_status(code) != DONE:
+        sys.exit(job_status(code))
+    if status != DONE:
+        sys.exit(status)
