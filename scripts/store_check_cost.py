@@ -1,17 +1,21 @@
-"""Cost of checking records and attention.csv when they are read: load_results over a store of Table-1-sized
-runs (16 prompts x 3 seeds, 11,520 probe rows, about 5 MB of attention.csv each) and load_attention of one run.
+"""Cost of checking records and their runs' files when they are read: load_results over a store of Table-1-sized
+runs (16 prompts x 3 seeds, 11,520 probe rows, about 5 MB of attention.csv each, and per video its result, its
+probe table and its two mp4s) and load_attention of one run.
 
     python scripts/store_check_cost.py                      # 30 runs in a temporary folder, 25 repeats
     python scripts/store_check_cost.py --runs 60 --keep /tmp/store60
 
-The records are synthetic but sound (their ids hash their identities, every requested metric is there), shaped
-like the runner's. Prints the minimum and median over repeats of this process's CPU time (run with
-OMP_NUM_THREADS=1), which other processes on a shared machine barely move. To compare with the code before the
-checks, run it from a checkout of that code with --keep, then time the kept store with --reuse.
+The records are synthetic but sound (their ids hash their identities, every requested metric is there, every
+file's digest is listed), shaped like the runner's. Prints the minimum and median over repeats of this process's
+CPU time (run with OMP_NUM_THREADS=1), which other processes on a shared machine barely move: "cold" is a
+process's first read, which hashes every file; "warm" a later read in the same process, which finds the files'
+digests kept by their stat. To compare with the code before the checks, run it from a checkout of that code with
+--keep, then time the kept store with --reuse.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -23,12 +27,18 @@ import pandas as pd
 PROMPTS = [f"prompt {i}" for i in range(16)]
 SEEDS = [0, 1, 2]
 METRICS = ["attention", "content", "psnr"]
+VIDEO_BYTES = (5_000, 60_000)  # a built-in-model Table 1 video and its enlarged copy, about
 
 
 def build_store(root: Path, runs: int) -> None:
     """``runs`` sound runs with Table 1's videos and probe rows (4 layers, 10 steps, 3 chunks, 2 branches)."""
-    from jensenkv.eval.attention import SUMMARY_KEYS
-    from jensenkv.tracking import ATTENTION_FILE, ResultsStore, atomic_write, config_hash
+    import dataclasses
+
+    from jensenkv.eval.attention import SUMMARY_KEYS, summarize_probes
+    from jensenkv.quant import QuantConfig
+    from jensenkv.record_check import identity_labels
+    from jensenkv.tracking import (ATTENTION_FILE, ResultsStore, atomic_write, atomic_write_json, config_hash,
+                                   file_sha256, sealed)
 
     rng = np.random.default_rng(0)
     store = ResultsStore(root)
@@ -38,21 +48,32 @@ def build_store(root: Path, runs: int) -> None:
                           columns=["prompt_index", "seed", "layer", "step", "chunk", "branch"])
     for key in SUMMARY_KEYS:
         probes[key] = rng.random(len(probes))
-    video_metrics = {f"{k}_mean": 0.1 for k in ("p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse")}
-    video_metrics.update(psnr=30.0, content=1.0, content_colour=1.0, content_direction=1.0, delta_p_s_median=0.01)
+    video_metrics = dict(psnr=30.0, content=1.0, content_colour=1.0, content_direction=1.0)
     for i in range(runs):
-        identity = {"model": {"name": "tiny"}, "key": {"method": "rtn", "bits": 2, "group_size": 32, "seed": i},
-                    "correction": "none", "prompts": PROMPTS, "seeds": SEEDS, "metrics": METRICS}
+        key = dataclasses.asdict(QuantConfig(rotation_seed=i))
+        identity = {"model": {"kind": "tiny", "name": "tiny"}, "generation": {"steps": 10}, "key": key, "value": key,
+                    "correction": "none", "strength": 1.0, "second_order": False, "sink_chunks": 0,
+                    "window_chunks": None, "prompts": PROMPTS, "seeds": SEEDS, "metrics": METRICS}
         run_id = config_hash(identity)
-        path = atomic_write(store.run_dir(run_id) / ATTENTION_FILE, lambda f: probes.to_csv(f, index=False), mode="w")
+        run_dir = store.run_dir(run_id)
+        atomic_write(run_dir / ATTENTION_FILE, lambda f: probes.to_csv(f, index=False), mode="w")
+        videos = []
+        for k, (p, s) in enumerate(pairs):
+            rows = probes[probes["prompt_index"] == k]
+            path = store.prompt_result_path(run_id, k)
+            atomic_write_json(path.with_suffix(".attention.json"), rows.to_dict(orient="list"))
+            files = [path.with_suffix(".attention.json")]
+            for folder, size in zip(("videos", "videos_upscaled"), VIDEO_BYTES):
+                files.append(atomic_write(run_dir / folder / f"{k:04d}_s{s}.mp4", lambda f: f.write(rng.bytes(size))))
+            video = {"index": k, "prompt": p, "seed": s, "metrics": {**video_metrics, **summarize_probes(rows)},
+                     "missing": {}, "video": f"{k:04d}_s{s}.mp4"}
+            atomic_write_json(path, sealed({**video, "files": {f.relative_to(run_dir).as_posix(): file_sha256(f) for f in files}}))
+            videos.append(video)
         store.write_record({
             "run_id": run_id, "identity": identity, "created_at": "2026-12-01T00:00:00+00:00",
-            "labels": {"model": "tiny", "quantizer": "rtn", "method": "rtn", "bits": 2, "group_size": 32,
-                       "correction": "none", "sink_chunks": 0, "window_chunks": None},
-            "metrics": dict(video_metrics), "missing": {}, "vbench_dimensions_used": [],
-            "per_prompt": [{"index": k, "prompt": p, "seed": s, "metrics": dict(video_metrics), "missing": {}}
-                           for k, (p, s) in enumerate(pairs)],
-            "files": {ATTENTION_FILE: {"rows": len(probes), "bytes": path.stat().st_size}}})
+            "labels": identity_labels(identity),
+            "metrics": {**video_metrics, **summarize_probes(probes)}, "missing": {}, "vbench_dimensions_used": [],
+            "per_prompt": videos, "files": {ATTENTION_FILE: {"rows": len(probes), "text_columns": ["branch"]}}})
 
 
 def cpu_times(call, repeats: int) -> tuple[float, float]:
@@ -64,6 +85,14 @@ def cpu_times(call, repeats: int) -> tuple[float, float]:
         call()
         times.append(time.process_time() - start)
     return min(times), statistics.median(times)
+
+
+def cold(call):
+    """``call()`` as a process's first read: no file digest kept yet."""
+    from jensenkv import record_check
+
+    getattr(record_check, "_FILE_DIGESTS", {}).clear()  # (none before the digests)
+    return call()
 
 
 def main() -> None:
@@ -81,8 +110,13 @@ def main() -> None:
             build_store(root, args.runs)
         runs = load_results(root)
         first = runs["run_id"].iloc[0]
+        files = sum(1 for p in Path(root).rglob("*") if p.is_file())
+        size = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file()) / 1e6
+        low, mid = cpu_times(lambda: cold(lambda: load_results(root)), args.repeats)
+        print(f"load_results, {len(runs)} runs ({files} files, {size:.0f} MB), cold: {low * 1e3:.0f} ms min, "
+              f"{mid * 1e3:.0f} ms median (CPU)")
         low, mid = cpu_times(lambda: load_results(root), args.repeats)
-        print(f"load_results, {len(runs)} runs: {low * 1e3:.0f} ms min, {mid * 1e3:.0f} ms median (CPU)")
+        print(f"load_results, warm: {low * 1e3:.0f} ms min, {mid * 1e3:.0f} ms median (CPU)")
         low, mid = cpu_times(lambda: load_attention(root, first), args.repeats)
         print(f"load_attention, one run of {len(load_attention(root, first))} rows: {low * 1e3:.0f} ms min, "
               f"{mid * 1e3:.0f} ms median (CPU)")

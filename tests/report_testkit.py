@@ -28,6 +28,12 @@ def explain_missing(record: dict) -> dict:
     return record
 
 
+def video_means(videos: list[dict]) -> dict:
+    """A run's metrics as the runner takes them: each metric's mean over its videos."""
+    names = {k for v in videos for k in v["metrics"]}
+    return {k: sum(v["metrics"][k] for v in videos) / len(videos) for k in names}
+
+
 def prompts(n: int) -> tuple[str, ...]:
     return tuple(f"prompt number {i}" for i in range(n))
 

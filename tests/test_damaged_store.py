@@ -20,7 +20,8 @@ from jensenkv.run.summary import plan_runs
 from jensenkv.tracking import ResultsStore, load_attention, load_results
 from pipeline_testkit import fast_overrides
 
-SETTINGS = ("eval.metrics=[psnr,attention,content]", "eval.seeds=[0,1]", "quant.bits=2", "quant.group_size=32")
+SETTINGS = ("eval.metrics=[psnr,attention,content]", "eval.seeds=[0,1]", "quant.bits=2", "quant.group_size=32",
+            "generation.batch_size=1")  # a video made again alone is the video made before, to the bit
 DAMAGED = "correction=taylor"  # the run every case damages
 
 
@@ -33,6 +34,11 @@ def _table(results: Path) -> list[tuple]:
     table = build_table1(results).table
     return [tuple(row) for row in table[["treatment", "num_prompts", "num_videos", "psnr", "delta_p_s"]]
             .itertuples(index=False)]
+
+
+def _videos(record: dict) -> list[dict]:
+    """The per-video results, but their timings (a video made again takes its own time)."""
+    return [{k: v for k, v in video.items() if k != "timings"} for video in record["per_prompt"]]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +70,22 @@ def _text_value(data: bytes) -> bytes:
     return b"\n".join([*lines[:-2], b",".join(cells), b""])
 
 
+def _digit(data: bytes) -> bytes:
+    """One digit of the last number of the last row changed: the file keeps its size and stays a sound table."""
+    end = data.rstrip(b"\n").rfind(b".") + 2  # the first decimal of the last row's last float
+    digit = data[end - 1:end]
+    return data[:end - 1] + (b"1" if digit != b"1" else b"2") + data[end:]
+
+
+def _psnr_plus_5(holder: dict) -> None:
+    holder["metrics"]["psnr"] += 5
+
+
+def _to_missing(video: dict) -> None:
+    video["missing"]["psnr"] = "video identical to its BF16 reference (PSNR is infinite)"
+    video["metrics"].pop("psnr")
+
+
 CASES = {  # name: (file, damage, what the line says)
     "record without labels": ("record.json", _edit_record(lambda r: r.pop("labels")), "no labels"),
     "record without identity": ("record.json", _edit_record(lambda r: r.pop("identity")), "no identity"),
@@ -85,6 +107,21 @@ CASES = {  # name: (file, damage, what the line says)
     "attention.csv garbage header": ("attention.csv", _edit_csv(lambda b: b"garbage;header\n" + b),
                                      "header lacks the columns"),
     "attention.csv text values": ("attention.csv", _edit_csv(_text_value), "holds text where numbers belong"),
+    # edited values that keep every file sound: each is caught by what the values must give, or by a digest
+    "run-level psnr +5": ("record.json", _edit_record(lambda r: _psnr_plus_5(r)), "metrics.psnr = "),
+    "a video's psnr +5 in the record": ("record.json", _edit_record(lambda r: _psnr_plus_5(r["per_prompt"][0])),
+                                        "but the mean of its 2 videos is"),
+    "a video's psnr moved to missing": ("record.json", _edit_record(lambda r: _to_missing(r["per_prompt"][0])),
+                                        "but a video has no psnr value"),
+    "correction relabelled": ("record.json", _edit_record(lambda r: r["labels"].update(correction="none")),
+                              "labels.correction = 'none', but its identity gives 'taylor'"),
+    "a reason reworded": ("record.json", _edit_record(lambda r: r["computed_from"].update(videos="edited")),
+                          "content digest does not match"),
+    "record of an older schema": ("record.json", _edit_record(lambda r: r.update(schema=1)), "record schema 1"),
+    "attention.csv digit, same size": ("attention.csv", _edit_csv(_digit), "sha256 is not the one its record lists"),
+    "a per-video result's psnr +5": ("prompts/0000.json", _edit_record(_psnr_plus_5), "changed since the run wrote it"),
+    "a per-video probe table's digit": ("prompts/0001.attention.json", _edit_csv(lambda b: b.replace(b"0.", b"1.", 1)),
+                                        "sha256 is not the one its record lists"),
 }
 
 
@@ -111,7 +148,7 @@ def test_a_damaged_run_is_named_regenerated_and_never_thins_a_table(case, store,
     record = run_overrides(_overrides(root, store["weights"], DAMAGED))
     assert "already finished" not in caplog.text and line in caplog.text
     assert record["run_id"] == run_id and ResultsStore(root).damage(run_id) is None
-    assert record["metrics"] == store["record"]["metrics"] and record["per_prompt"] == store["record"]["per_prompt"]
+    assert record["metrics"] == store["record"]["metrics"] and _videos(record) == _videos(store["record"])
     assert len(load_attention(root, run_id)) == store["record"]["files"]["attention.csv"]["rows"]
     assert _table(root) == store["table"]
 
@@ -170,3 +207,37 @@ def test_a_kept_verdict_does_not_outlive_an_edit(store, tmp_path):
     assert (csv.stat().st_ino, csv.stat().st_size) == (inode, size)
     assert "holds text where numbers belong" in str(ResultsStore(root).damage(run_id))
     assert not ResultsStore(root).has_record(run_id)
+
+
+def test_a_regeneration_never_trusts_an_edited_per_video_result(store, tmp_path, caplog):
+    """A per-video result with an edited PSNR, then its record truncated: the store names the record, and the
+    rerun that regenerates it makes that video again instead of resuming from the edited value."""
+    root = tmp_path / "results"
+    shutil.copytree(store["root"], root)
+    run_id = store["record"]["run_id"]
+    video = ResultsStore(root).prompt_result_path(run_id, 0)
+    _edit_record(_psnr_plus_5)(video)
+    record_path = ResultsStore(root).record_path(run_id)
+    record_path.write_bytes(record_path.read_bytes()[:100])
+    assert str(ResultsStore(root).damage(run_id)).startswith(f"damaged run {run_id} ({record_path}): not JSON")
+
+    caplog.set_level(logging.INFO, logger="jensenkv.run")
+    record = run_overrides(_overrides(root, store["weights"], DAMAGED))
+    named = [line for line in caplog.text.splitlines() if f"damaged run {run_id} ({video})" in line]
+    assert len(named) == 1 and "content digest does not match" in named[0] and "making that video again" in named[0]
+    assert record["metrics"] == store["record"]["metrics"] and _videos(record) == _videos(store["record"])
+    assert _table(root) == store["table"]
+
+
+def test_a_per_video_result_without_a_digest_is_made_again(store, tmp_path, caplog):
+    """A per-video result written before results carried digests cannot be verified: its video is made again."""
+    root = tmp_path / "results"
+    shutil.copytree(store["root"], root)
+    run_id = store["record"]["run_id"]
+    video = ResultsStore(root).prompt_result_path(run_id, 1)
+    _edit_record(lambda r: r.pop("digest"))(video)
+    ResultsStore(root).record_path(run_id).unlink()  # killed before its record: the rerun resumes
+    caplog.set_level(logging.INFO, logger="jensenkv.run")
+    record = run_overrides(_overrides(root, store["weights"], DAMAGED))
+    assert f"damaged run {run_id} ({video}): no content digest" in caplog.text
+    assert record["metrics"] == store["record"]["metrics"] and _videos(record) == _videos(store["record"])

@@ -15,6 +15,7 @@ from jensenkv.report.checks import (calibration_cost_lines, checks_section, effe
 from jensenkv.report.options import load_options
 from jensenkv.tracking import ResultsStore, config_hash
 from test_claims import MODEL, PROMPTS, SEEDS, _noise, _write_run, build_store
+from report_testkit import video_means
 
 
 def _tf_identity(correction: str, videos: list[dict]) -> dict:
@@ -91,7 +92,7 @@ def test_teacher_forced_runs_are_tabulated_per_row_with_chunks(store, tmp_path):
         labels = {"model": MODEL, "quantizer": "rtn", "method": "rtn", "bits": 2, "group_size": 32,
                   "correction": correction, "strength": 1.0}
         ResultsStore(root).write_record({**_tf_identity(correction, videos), "labels": labels,
-                                         "metrics": {"tf_psnr": psnr + 1.5, "tf_rel_err": 0.01},
+                                         "metrics": video_means(videos),
                                          "missing": {}, "per_prompt": videos, "created_at": "2026-12-01T00:00:00"})
     text = teacher_forced_section(store)
     mean_index = (len(PROMPTS) - 1) / 2
@@ -175,7 +176,7 @@ def test_teacher_forced_difference_runs_over_prompts(store, tmp_path):
         labels = {"model": MODEL, "quantizer": "rtn", "method": "rtn", "bits": 2, "group_size": 32,
                   "correction": correction, "strength": 1.0}
         ResultsStore(root).write_record({**_tf_identity(correction, videos), "labels": labels,
-                                         "metrics": {"tf_psnr": 31.0, "tf_rel_err": 0.01}, "missing": {},
+                                         "metrics": video_means(videos), "missing": {},
                                          "per_prompt": videos, "created_at": "2026-12-01T00:00:00"})
     line = next(line for line in teacher_forced_section(tmp_path).splitlines() if "| taylor" in line)
     mean, low, high, n, videos = (float(v) for v in _INTERVAL.findall(line)[0])

@@ -248,7 +248,7 @@ def test_claim_3_hint_composes_to_the_missing_run(tmp_path):
                   for i, (p, s) in enumerate((p, s) for p in identity["prompts"] for s in identity["seeds"])]
         ResultsStore(tmp_path).write_record(explain_missing({
             "run_id": spec.run_id, "experiment_name": spec.experiment_name, "identity": identity,
-            "labels": spec.labels(), "metrics": {"psnr": 32.0, "effective_bits": 2.75}, "missing": {},
+            "labels": spec.labels(), "metrics": {"psnr": 31.9375, "effective_bits": 2.75}, "missing": {},
             "per_prompt": videos, "created_at": "2026-12-01T00:00:00+00:00"}))
         return spec
 

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from jensenkv.quant import QuantConfig
+from jensenkv.record_check import identity_labels
 from jensenkv.report.table1 import build_table1, main
 from jensenkv.tracking import ResultsStore, config_hash
 from report_testkit import explain_missing
@@ -37,10 +38,7 @@ def write_run(root, key: QuantConfig, correction: str = "none", strength: float 
             videos.append({"index": len(videos), "prompt": prompt, "seed": seed, "metrics": values, "missing": {}})
     means = {k: sum(v["metrics"][k] for v in videos) / len(videos) for k in videos[0]["metrics"]}
     run_id = config_hash(identity)
-    labels = {"model": "tiny", "quantizer": key.label, "method": key.method, "bits": key.bits if quantized else 16,
-              "group_size": key.group_size if quantized else None, "granularity": key.granularity,
-              "rotation": key.rotation if quantized else "none", "values": "same", "correction": correction,
-              "strength": strength, "sink_chunks": 0, "window_chunks": None}
+    labels = identity_labels(identity)  # a tiny run's identity: its labels are the ones it gives
     ResultsStore(root).write_record(explain_missing({
         "run_id": run_id, "created_at": "2026-12-01T00:00:00+00:00", "identity": identity, "labels": labels,
         "metrics": means, "missing": {}, "vbench_dimensions_used": [], "per_prompt": videos}))
@@ -149,7 +147,8 @@ def test_runs_of_another_context_never_join_a_row(store):
     run_id = write_run(store, other, "taylor", psnr=base_psnr)
     record = ResultsStore(store).read_record(run_id)
     record["identity"]["seeds"] = [5]  # another seed: its videos too, or the record is damaged
-    record["per_prompt"] = [{**video, "seed": 5} for video in record["per_prompt"] if video["seed"] == SEEDS[0]]
+    record["per_prompt"] = videos = [{**video, "seed": 5} for video in record["per_prompt"] if video["seed"] == SEEDS[0]]
+    record["metrics"] = {k: sum(v["metrics"][k] for v in videos) / len(videos) for k in record["metrics"]}  # theirs
     record["run_id"] = run_id2 = config_hash(record["identity"])
     ResultsStore(store).write_record(record)
     t1 = build_table1(store)

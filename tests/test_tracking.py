@@ -65,7 +65,7 @@ def test_records_round_trip_into_a_dataframe(tmp_path):
     store.write_record(a)
     store.write_record(b)
     assert store.has_record(a["run_id"]) and not store.has_record("ccc")
-    assert store.read_record(a["run_id"])["schema"] == 1
+    assert store.read_record(a["run_id"])["schema"] == 2
     df = load_results(tmp_path).set_index("run_id").loc[[a["run_id"], b["run_id"]]]
     assert list(df["psnr"]) == [30.0, 25.0]
     assert set(df["quantizer"]) == {"rtn"} and list(df["num_prompts"]) == [2, 2]

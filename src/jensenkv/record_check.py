@@ -1,17 +1,26 @@
 """What a finished run's record and side files must hold, checked whenever they are read.
 
 A run id hashes the run's identity, and the identity says what the run made: one video per (prompt, seed),
-each requested metric per video (a value, or the reason it is missing). The record lists the side files it
-was written with (``files``: ``attention.csv`` with its rows and bytes). A record or side file that does not
-hold that (edited, truncated, half restored) is a damaged run: named in one line ``damaged run <id>
-(<file>): <what>``, counted as unfinished (the runner regenerates it) and never read into a table.
+each requested metric per video (a value, or the reason it is missing), and the run's labels
+(``identity_labels``: derived when read, never taken from the file). The record lists every file of its run
+(``files``: per-video results, probe tables, ``attention.csv`` with its rows, videos) with its bytes and
+sha256, and carries the sha256 of its own canonical content (``digest``); its run-level means must be the
+means of its videos' values, its probe summaries those of ``attention.csv``. A per-video result carries its own
+digest and its side files' (what a resumed run trusts, before any record exists). A record or file that does
+not hold that (edited, same size or not, truncated, half restored, or written before digests) is a damaged
+run: named in one line ``damaged run <id> (<file>): <what>``, counted as unfinished (the runner regenerates
+it) and never read into a table.
 
-Checking the record is free (it is already parsed); ``attention.csv`` gets a stat where every run is read
-(``check_side_files``) and a full check where its rows are read (``read_attention``).
+Cost: a process hashes each file once (kept by its stat). load_results over 40 Table-1-sized runs (7,760 files,
+605 MB: 48 videos each with probe tables) takes 0.62 s of CPU on a process's first read (0.07 s without the
+digests) and 0.13 s on later reads (scripts/store_check_cost.py --runs 40).
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,14 +30,17 @@ import pandas as pd
 
 from jensenkv.hashing import config_hash
 
+RECORD_SCHEMA = 2  # 2: the record's and every run file's content digests (1: none, so nothing to verify by)
+DIGEST = "digest"  # a JSON file's own content digest: sha256 of its canonical text without this field
 ATTENTION_FILE = "attention.csv"
 LABEL_FIELDS = ("model", "quantizer", "method", "bits", "correction")  # what the tables select runs by
 INTEGER_LABELS = {"bits": False, "group_size": True, "sink_chunks": True, "window_chunks": True}  # -> nullable
 METRIC_KEYS = {"attention": "delta_p_s_mean", "teacher_forced": "tf_rel_err"}  # a metric's key, where not its name
 PROBE_VIDEO = ("prompt_index", "seed")  # the video of a probe row (prompt_index: the video's index in per_prompt)
 PROBE_COLUMNS = (*PROBE_VIDEO, "layer", "step", "chunk", "branch", "p_s", "p_s_ref", "delta_p_s")
-LEGACY_TEXT_COLUMNS = ("branch",)  # a record written before ``files`` listed its tables' text columns
+LEGACY_TEXT_COLUMNS = ["branch"]  # a table its record lists without text columns (a hand-made store's)
 SHOWN = 3  # how many missing videos a message names
+CHANGED = "its sha256 is not the one its record lists (same size): changed since the run wrote it"
 
 
 class CorruptRecordError(ValueError):
@@ -55,6 +67,63 @@ class DamagedStoreError(CorruptRecordError):
 
 
 NUMBER_TYPES = (int, float, type(None))  # a stored metric (null: not a number); a bool or a string is not one
+NOT_MEANS = ("vbench",)  # run-level values that are not the mean of the videos' (VBench scores the run's videos)
+_FILE_DIGESTS: dict[tuple, str] = {}  # sha256 by (path, stat): a process hashes an unchanged file once
+_FILE_DIGESTS_KEPT = 200_000
+
+
+def content_digest(obj: Mapping[str, Any]) -> str:
+    """sha256 of a JSON object's canonical text (sorted keys, no spaces), its own ``digest`` left out: an edit of
+    any value changes it, a reformatting does not."""
+    body = {k: v for k, v in obj.items() if k != DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, kept while its stat (inode, size, mtime, ctime) is unchanged."""
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _FILE_DIGESTS:
+        if len(_FILE_DIGESTS) >= _FILE_DIGESTS_KEPT:
+            _FILE_DIGESTS.clear()
+        with open(path, "rb") as f:
+            _FILE_DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _FILE_DIGESTS[key]
+
+
+def identity_labels(identity: Mapping[str, Any]) -> dict | None:
+    """The results-table labels of a run, from its identity alone: what the runner writes (``RunSpec.labels``)
+    and what a read checks and uses. None for an identity that is not a run's (no key, or a model of no
+    registered family: a hand-made record), whose labels only its content digest covers."""
+    from types import SimpleNamespace
+
+    from jensenkv.calibration import strength_label
+    from jensenkv.generation import GenerationConfig
+    from jensenkv.models.registry import FAMILIES
+    from jensenkv.quant.config import QuantConfig
+
+    model, key = identity.get("model"), identity.get("key")
+    own = FAMILIES.get(model.get("kind")) if isinstance(model, dict) else None
+    if own is None or not isinstance(key, dict):
+        return None
+    key = QuantConfig(**key)
+    quantized = key.method != "none"
+    return {
+        "model": own.model_label(SimpleNamespace(**model), GenerationConfig(**identity.get("generation", {}))),
+        "quantizer": key.label,
+        "method": key.method,
+        "bits": int(key.bits) if quantized else 16,
+        "group_size": int(key.group_size) if quantized else None,
+        "granularity": key.granularity if quantized else None,
+        "rotation": key.rotation if quantized else "none",
+        "values": "none" if (identity.get("value") or {}).get("method") == "none" else "same",
+        "correction": identity.get("correction"),
+        "strength": strength_label(identity.get("strength"), identity.get("calibration")),
+        "second_order": identity.get("second_order"),
+        "calibration": identity.get("calibration"),
+        "sink_chunks": identity.get("sink_chunks"),
+        "window_chunks": identity.get("window_chunks"),
+    }
 
 
 def check_record(run_id: str, record: Any, path: str | Path) -> dict:
@@ -71,7 +140,10 @@ def check_record(run_id: str, record: Any, path: str | Path) -> dict:
         raise damaged("no identity" if identity is None else f"identity = {identity!r} is not a mapping")
     if config_hash(identity) != run_id:
         raise damaged(f"identity hashes to {config_hash(identity)}, not to its run id: it was changed")
-    _check_labels(record.get("labels"), damaged)
+    if record.get("schema") != RECORD_SCHEMA:
+        raise damaged(f"record schema {record.get('schema')!r}, not {RECORD_SCHEMA}: written before records carried "
+                      "content digests, so its values cannot be verified")
+    labels = _check_labels(record.get("labels"), identity, damaged)
     _check_values(record, "", damaged)
     videos = record.get("per_prompt")
     if not isinstance(videos, list):
@@ -84,13 +156,18 @@ def check_record(run_id: str, record: Any, path: str | Path) -> dict:
         _check_values(video, f"per_prompt[{i}].", damaged)
     _check_videos(identity, videos, damaged)
     _check_requested(record, identity, videos, damaged)
+    _check_means(record, videos, damaged)
     files = record.get("files", {})
-    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
-        raise damaged(f"files = {files!r} is not a mapping of side files")
-    return record
+    if not isinstance(files, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                                              for v in files.values()):
+        raise damaged("files is not a mapping of the run's files to their sha256")
+    if record.get(DIGEST) != content_digest(record):
+        raise damaged("its content digest does not match its values: a value was edited after the run wrote it")
+    return {**record, "labels": labels}
 
 
-def _check_labels(labels: Any, damaged: Callable[[str], DamagedRunError]) -> None:
+def _check_labels(labels: Any, identity: dict, damaged: Callable[[str], DamagedRunError]) -> dict:
+    """The labels the identity gives (the file's must be those); the file's when the identity gives none."""
     if not isinstance(labels, dict):
         raise damaged("no labels" if labels is None else f"labels = {labels!r} is not a mapping")
     lacking = [k for k in LABEL_FIELDS if k not in labels]
@@ -101,6 +178,56 @@ def _check_labels(labels: Any, damaged: Callable[[str], DamagedRunError]) -> Non
         if key in labels and not (value is None and nullable) and (not isinstance(value, int) or
                                                                    isinstance(value, bool)):
             raise damaged(f"labels.{key} = {value!r} is not an integer")
+    derived = identity_labels(identity)
+    if derived is None:
+        return labels
+    wrong = next((k for k in (*LABEL_FIELDS, *sorted(set(derived) | set(labels)))
+                  if labels.get(k, "(absent)") != derived.get(k, "(absent)")), None)
+    if wrong is not None:
+        raise damaged(f"labels.{wrong} = {labels.get(wrong, '(absent)')!r}, but its identity gives "
+                      f"{derived.get(wrong, '(absent)')!r}: labels come from the identity")
+    return derived
+
+
+def _check_means(record: dict, videos: list[dict], damaged: Callable[[str], DamagedRunError]) -> None:
+    """Each run-level value that is its videos' mean (as Runner.assemble takes it) is that mean, and a metric a
+    video lacks for a reason has no run-level value. The probe summaries come from attention.csv
+    (``check_probe_summary``), VBench's from the videos themselves."""
+    from jensenkv.eval.attention import summary_keys
+
+    values: dict[str, list] = {}
+    lacking: set[str] = set()
+    for video in videos:
+        for k, v in video["metrics"].items():
+            values.setdefault(k, []).append(v)
+        lacking.update(video.get("missing", {}))
+    run, probes = record["metrics"], summary_keys()
+    for k, held in values.items():
+        if k in probes or k.startswith(NOT_MEANS) or None in held:
+            continue
+        if k in lacking:
+            if k in run:
+                raise damaged(f"metrics.{k} = {run[k]!r}, but a video has no {k} value (its missing gives a "
+                              "reason), so the run has none")
+            continue
+        if k not in run and k in record.get("missing", {}):
+            continue
+        _check_value(f"metrics.{k}", run.get(k), sum(held) / len(held), f"the mean of its {len(held)} videos",
+                     damaged)
+    sizes = [(v.get("cache_bytes"), v.get("cache_bf16_bytes")) for v in videos]
+    sizes = [(a, b) for a, b in sizes if a and b]
+    if sizes and "cache_bytes" in run:
+        _check_value("metrics.cache_bytes", run["cache_bytes"], sum(a for a, _ in sizes) / len(sizes),
+                     "its videos' mean", damaged)
+        _check_value("metrics.effective_bits", run.get("effective_bits"),
+                     16.0 * sum(a for a, _ in sizes) / sum(b for _, b in sizes), "what its videos' cache sizes give",
+                     damaged)
+
+
+def _check_value(name: str, held: Any, wanted: float, what: str, damaged: Callable[[str], DamagedRunError]) -> None:
+    """``held`` is ``wanted`` up to a float round trip."""
+    if held is None or not math.isclose(held, wanted, rel_tol=1e-9, abs_tol=1e-12):
+        raise damaged(f"{name} = {held!r}, but {what} is {float(wanted)!r}: a value was edited")
 
 
 def _check_values(holder: dict, where: str, damaged: Callable[[str], DamagedRunError]) -> None:
@@ -163,20 +290,40 @@ def _check_requested(record: dict, identity: dict, videos: list[dict],
 
 # --- attention.csv -----------------------------------------------------------------------------------
 def check_side_files(run_id: str, run_dir: Path, record: dict) -> None:
-    """The side files the record lists are there, at the size it gives: a stat each, and a read only when the
-    size is wrong (to say what is wrong)."""
+    """Every file the record lists is there with its bytes and sha256 (hashed once per process while its stat
+    holds); a changed attention.csv is read to say what is wrong, when that can be said."""
     for name, listed in record.get("files", {}).items():
         path = run_dir / name
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            raise DamagedRunError(run_id, path, f"missing: the record lists it with {listed.get('rows')} rows") \
-                from None
+            rows = f" with {listed['rows']} rows" if "rows" in listed else ""
+            raise DamagedRunError(run_id, path, f"missing: the record lists it{rows}") from None
         if size != listed.get("bytes"):
             if name == ATTENTION_FILE:
                 read_attention(run_id, run_dir, record)  # names what is wrong, when it can be said
             raise DamagedRunError(run_id, path, f"{size} bytes, the record says {listed.get('bytes')}: changed "
                                                 "since the run wrote it")
+        if file_sha256(path) != listed["sha256"]:
+            if name == ATTENTION_FILE:
+                read_attention(run_id, run_dir, record)
+            raise DamagedRunError(run_id, path, CHANGED)
+
+
+def check_video_result(run_id: str, path: Path, result: Any, run_dir: Path) -> None:
+    """A per-video result (``prompts/<index>.json``) holds its own content digest and its side files' sha256
+    (probe table, videos), all still matching: what a resumed run may trust before any record exists."""
+    if not isinstance(result, dict) or not isinstance(result.get(DIGEST), str):
+        raise DamagedRunError(run_id, path, "no content digest (written before per-video results carried one): "
+                                            "its values cannot be verified")
+    if result[DIGEST] != content_digest(result):
+        raise DamagedRunError(run_id, path, "its content digest does not match its values: a value was edited "
+                                            "after the run wrote it")
+    for name, digest in (result.get("files") or {}).items():
+        side = run_dir / name
+        if not side.is_file() or file_sha256(side) != digest:
+            raise DamagedRunError(run_id, side, f"missing or changed since the run wrote it (its video's result "
+                                                f"{path.name} lists its sha256)")
 
 
 def text_columns(frame: pd.DataFrame) -> list[str]:
@@ -212,11 +359,23 @@ def read_attention(run_id: str, run_dir: Path, record: dict) -> pd.DataFrame | N
         raise DamagedRunError(run_id, run_dir / "record.json", f"files.{ATTENTION_FILE}.text_columns = {text!r} is "
                               "not a list of column names")
     frame = _probe_table(data, damaged, text)
-    if listed is not None:
+    if listed is not None and "rows" in listed:  # a table its writer listed (a hand-made store's: only its digest)
         _check_probe_rows(frame, record, listed, damaged)
         if len(data) != listed.get("bytes"):
             raise damaged(f"{len(data)} bytes, the record says {listed.get('bytes')}: changed since the run wrote it")
+        if hashlib.sha256(data).hexdigest() != listed.get("sha256"):
+            raise damaged(CHANGED)
+        _check_probe_summary(frame, record, lambda what: DamagedRunError(run_id, run_dir / "record.json", what))
     return frame
+
+
+def _check_probe_summary(frame: pd.DataFrame, record: dict, damaged: Callable[[str], DamagedRunError]) -> None:
+    """The run-level probe summaries (means and medians over every probe) are those of its attention.csv."""
+    from jensenkv.eval.attention import summarize_probes
+
+    for key, value in summarize_probes(frame).items():
+        if key in record["metrics"] and math.isfinite(value):
+            _check_value(f"metrics.{key}", record["metrics"][key], value, f"its {ATTENTION_FILE} gives", damaged)
 
 
 def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError], text: Sequence[str]) -> pd.DataFrame:

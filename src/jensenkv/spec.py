@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from jensenkv.attention.backends import check_backend_device
-from jensenkv.calibration import check_calibration, load_calibration, strength_label
+from jensenkv.calibration import check_calibration, load_calibration
 from jensenkv.checks import check_finite_tree, fail
 from jensenkv.config import RunConfig, register_configs
 from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
 from jensenkv.models.registry import family
 from jensenkv.config_help import register_help_resolver
+from jensenkv.record_check import identity_labels
 from jensenkv.tracking import config_hash
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # src/jensenkv/spec.py -> the checkout
@@ -95,24 +96,9 @@ class RunSpec(RunConfig):
         return {"inputs": [self.input_digests.get(p) for p in prompts]}
 
     def labels(self) -> dict:
-        """Columns of the results table that describe the run."""
-        quantized = self.key.method != "none"
-        return {
-            "model": family(self.model.kind).model_label(self.model, self.generation),
-            "quantizer": self.key.label,
-            "method": self.key.method,
-            "bits": int(self.key.bits) if quantized else 16,
-            "group_size": int(self.key.group_size) if quantized else None,
-            "granularity": self.key.granularity if quantized else None,
-            "rotation": self.key.rotation if quantized else "none",
-            "values": self.values_mode,
-            "correction": self.attention.correction,
-            "strength": strength_label(self.attention.strength, self.attention.calibration),
-            "second_order": self.attention.second_order,
-            "calibration": self.calibration_digest,
-            "sink_chunks": self.cache.sink_chunks,
-            "window_chunks": self.cache.window_chunks,
-        }
+        """Columns of the results table that describe the run: what its identity gives (the one derivation,
+        which every read of its record repeats)."""
+        return identity_labels(self.identity())
 
 
 def resolve(config: RunConfig) -> RunSpec:

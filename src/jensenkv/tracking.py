@@ -12,8 +12,9 @@ Layout under the results directory (``paths.results_dir``, default ``results/``)
     refs/<ref_id>.pt                 BF16 reference videos, shared by every run of the same model/prompt/seed
     wandb/                           offline W&B runs (``wandb sync results/wandb/wandb/offline-run-*``)
 
-A record is checked against its run id whenever it is read (``jensenkv.record_check``): a damaged one counts as
-unfinished, so the rerun regenerates it, and stops load_results with one line naming it.
+A record is checked against its run id and the content digests of itself and of every file of its run whenever
+it is read (``jensenkv.record_check``): a damaged one counts as unfinished, so the rerun regenerates it, and stops
+load_results with one line naming it.
 
 Every file is written to a temporary file in the same directory and moved into place with
 ``os.replace``, so a crash never leaves a half-written record behind; what a killed writer leaves is removed
@@ -41,10 +42,10 @@ from typing import Any, Optional
 import pandas as pd
 
 from jensenkv.hashing import config_hash  # noqa: F401 - re-exported: run ids are made here
-from jensenkv.record_check import (ATTENTION_FILE, CorruptRecordError, DamagedRunError, DamagedStoreError,
-                                   check_record, check_side_files, read_attention, side_file_entry)
+from jensenkv.record_check import (ATTENTION_FILE, DIGEST, RECORD_SCHEMA, CorruptRecordError,  # noqa: F401
+                                   DamagedRunError, DamagedStoreError, check_record, check_side_files,
+                                   content_digest, file_sha256, read_attention, side_file_entry)
 
-RECORD_SCHEMA = 1
 INTEGER_COLUMNS = ("bits", "group_size", "sink_chunks", "window_chunks", "num_prompts")
 RECORD_FILE = "record.json"
 WANDB_MARKER = "wandb.json"    # written once the run's W&B run is complete; its absence = log again
@@ -178,6 +179,24 @@ def _json_safe(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_json_safe(v) for v in obj]
     return obj
+
+
+def sealed(obj: Mapping[str, Any]) -> dict:
+    """``obj`` as it will read back from JSON, with its content digest (``record_check.content_digest``)."""
+    safe = _json_safe(obj)
+    return {**safe, DIGEST: content_digest(safe)}
+
+
+def run_files(run_dir: Path) -> dict[str, dict]:
+    """Every file of a finished run but its record, by path inside the run's folder: its bytes and sha256.
+    Left out: hidden files (locks, temporary files) and the marks written after the record (W&B, errors)."""
+    out = {}
+    for path in sorted(run_dir.rglob("*")):
+        name = path.relative_to(run_dir).as_posix()
+        if path.is_file() and not any(part.startswith(".") for part in name.split("/")) and \
+                name not in (RECORD_FILE, WANDB_MARKER, ERROR_FILE):
+            out[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    return out
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
@@ -452,8 +471,9 @@ class FileLock:
 
 
 # --- the local results store -------------------------------------------------------------------------
-# Verdicts of ResultsStore.damage, by the stat of a run's record and attention.csv: any rewrite changes the key.
-_DAMAGE_VERDICTS: dict[tuple, DamagedRunError | None] = {}
+# attention.csv verdicts of ResultsStore.damage, by the stat of a run's record and attention.csv: any rewrite
+# changes the key.
+_DAMAGE_VERDICTS: dict[tuple, None] = {}  # the sound ones
 _DAMAGE_VERDICTS_KEPT = 4096
 
 
@@ -495,36 +515,44 @@ class ResultsStore:
         return self.record_path(run_id).exists() and self.damage(run_id) is None
 
     def damage(self, run_id: str) -> DamagedRunError | None:
-        """Why a finished run is damaged: its record and side files (attention.csv read whole) checked against
-        its run id; None when it is sound or has no record. The verdict is kept while the two files keep their
-        stat, so a plan, its runner and its summary read attention.csv once."""
+        """Why a finished run is damaged: its record and every file of its run checked against its run id and
+        their digests (attention.csv also read whole); None when it is sound or has no record. attention.csv's
+        verdict is kept while it and the record keep their stat, so a plan, its runner and its summary read it
+        once."""
         key = _damage_key(self.run_dir(run_id))
         if key is None:  # no record
             return None
-        if key not in _DAMAGE_VERDICTS:
-            try:
-                read_attention(run_id, self.run_dir(run_id), self.read_record(run_id))
-                verdict = None
-            except DamagedRunError as e:
-                verdict = e
-            if len(_DAMAGE_VERDICTS) >= _DAMAGE_VERDICTS_KEPT:
-                _DAMAGE_VERDICTS.clear()
-            _DAMAGE_VERDICTS[key] = verdict
-        return _DAMAGE_VERDICTS[key]
+        try:
+            record = self.read_record(run_id)  # every file's digest (hashed once while its stat holds)
+            if key not in _DAMAGE_VERDICTS:
+                read_attention(run_id, self.run_dir(run_id), record)
+                if len(_DAMAGE_VERDICTS) >= _DAMAGE_VERDICTS_KEPT:
+                    _DAMAGE_VERDICTS.clear()
+                _DAMAGE_VERDICTS[key] = None
+        except DamagedRunError as e:
+            return e
+        return None
 
     def read_record(self, run_id: str) -> dict:
-        """The run's record, checked against its run id (its side files by size): DamagedRunError naming the
-        file and the field when it does not hold what the run id says; FileNotFoundError when there is none."""
+        """The run's record, checked against its run id, its own digest and every listed file's (labels: those
+        its identity gives): DamagedRunError naming the file and the field when it does not hold what the run id
+        says; FileNotFoundError when there is none."""
         path = self.record_path(run_id)
         try:
             record = read_json(path)
         except CorruptRecordError as e:
             raise DamagedRunError(run_id, path, f"not JSON ({e.__cause__})") from None
-        check_side_files(run_id, self.run_dir(run_id), check_record(run_id, record, path))
+        record = check_record(run_id, record, path)
+        check_side_files(run_id, self.run_dir(run_id), record)
         return record
 
     def write_record(self, record: Mapping[str, Any]) -> Path:
-        return atomic_write_json(self.record_path(record["run_id"]), {"schema": RECORD_SCHEMA, **record})
+        """Write a run's record last: with every file of its run (``run_files``, merged into the entries the
+        record lists, such as attention.csv's rows) and its own content digest."""
+        listed = record.get("files") or {}
+        files = {name: {**listed.get(name, {}), **entry} for name, entry in run_files(self.run_dir(record["run_id"])).items()}
+        return atomic_write_json(self.record_path(record["run_id"]),
+                                 sealed({**record, "schema": RECORD_SCHEMA, "files": files}))
 
     def prompt_result_path(self, run_id: str, index: int) -> Path:
         return self.run_dir(run_id) / "prompts" / f"{index:04d}.json"

@@ -42,6 +42,11 @@ def denoising_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["step"] != COMMIT_STEP]
 
 
+def summary_keys() -> set[str]:
+    """The metric names ``summarize_probes`` can give."""
+    return {f"{k}_mean" for k in SUMMARY_KEYS} | {"delta_p_s_median", "delta_p_s_abs_mean"}
+
+
 def summarize_probes(frame: pd.DataFrame) -> dict[str, float]:
     """Scalar attention metrics over every denoising probe: ``<key>_mean`` and ``delta_p_s_median``."""
     rows = denoising_rows(frame)

@@ -284,10 +284,11 @@ class Runner:
         (``teacher_forced``: ``Runner.teacher_forced``'s entry for it, when the metric is on)."""
         from jensenkv.eval.attention import probe_frame, summarize_probes
         from jensenkv.eval.fidelity import lpips_availability, video_psnr, video_ssim
-        from jensenkv.tracking import atomic_write_json
+        from jensenkv.tracking import atomic_write_json, file_sha256, sealed
 
         spec = self.spec
         path = self.store.prompt_result_path(self.run_id, index)
+        written = []  # this video's side files: its result lists their digests
         metrics: dict[str, Any] = {}
         missing: dict[str, str] = {}
         if spec.is_reference:
@@ -314,7 +315,7 @@ class Runner:
                 if probes:
                     frame = probe_frame(probes, prompt_index=index, seed=seed)
                     metrics.update(summarize_probes(frame))
-                    atomic_write_json(path.with_suffix(".attention.json"), frame.to_dict(orient="list"))
+                    written.append(atomic_write_json(path.with_suffix(".attention.json"), frame.to_dict(orient="list")))
                 else:
                     missing["attention"] = "the generator recorded no probes (a single chunk has no cache)"
         if spec.is_reference and "teacher_forced" in spec.eval.metrics:
@@ -330,11 +331,13 @@ class Runner:
         if spec.eval.save_videos or "vbench" in spec.eval.metrics:
             saved = save_mp4(video, self.run_dir / "videos" / f"{index:04d}_s{seed}.mp4", spec.eval.fps,
                              tmp_dir=self.store.tmp_dir(self.run_id))
-            save_upscaled(video, saved, spec.eval.fps, tmp_dir=self.store.tmp_dir(self.run_id))  # for watching
+            upscaled = save_upscaled(video, saved, spec.eval.fps, tmp_dir=self.store.tmp_dir(self.run_id))  # to watch
             video_file = saved.name
+            written += [saved] if upscaled is None else [saved, upscaled]
         result = {"index": index, "prompt": prompt, "seed": seed, "reference_id": ref_id, "video": video_file,
                   "metrics": metrics, "missing": missing, "timings": timings, **stats, **extra}
-        atomic_write_json(path, result)
+        files = {p.relative_to(self.run_dir).as_posix(): file_sha256(p) for p in written}
+        atomic_write_json(path, sealed({**result, "files": files}))  # a resumed run trusts only what verifies
         return result
 
     def run(self) -> dict | None:
@@ -397,8 +400,6 @@ class Runner:
         import torch
         from tqdm.auto import tqdm
 
-        from jensenkv.tracking import read_json
-
         self.store.clean_run_tmp(self.run_id)
         threads = self.spec.threads or default_threads(self.spec.model)
         if threads:
@@ -420,16 +421,25 @@ class Runner:
                 bar.update(len(batch))
         if lock is not None and lock.lost:
             return None
-        results = [read_json(self.store.prompt_result_path(self.run_id, index)) for index, _, _ in jobs]
+        results = [self.video_result(index) for index, _, _ in jobs]
         self.store.write_record(self.assemble(results, time.perf_counter() - start))
         self.store.error_path(self.run_id).unlink(missing_ok=True)
         self.store.clean_run_tmp(self.run_id)
         return self.store.read_record(self.run_id)  # exactly what a later rerun returns
 
+    def video_result(self, index: int) -> dict:
+        """Video ``index``'s result as the record holds it: its file without the digests that sealed it (the
+        record lists every file's)."""
+        from jensenkv.tracking import DIGEST, read_json
+
+        result = read_json(self.store.prompt_result_path(self.run_id, index))
+        return {k: v for k, v in result.items() if k not in (DIGEST, "files")}
+
     def prompt_done(self, index: int, prompt: str, seed: int) -> bool:
-        """Whether video ``index`` has a sound per-video result to resume from; a damaged one is named and
-        made again."""
-        from jensenkv.tracking import CorruptRecordError, read_json
+        """Whether video ``index`` has a sound per-video result to resume from: its own digest and its side
+        files' verify; a damaged or unverifiable one is named in one line and made again."""
+        from jensenkv.tracking import CorruptRecordError, DamagedRunError, read_json
+        from jensenkv.record_check import check_video_result
 
         path = self.store.prompt_result_path(self.run_id, index)
         if not path.exists():
@@ -438,6 +448,11 @@ class Runner:
             result = read_json(path)
         except CorruptRecordError as e:
             log.warning("%s: regenerating that video", e)
+            return False
+        try:
+            check_video_result(self.run_id, path, result, self.run_dir)
+        except DamagedRunError as e:
+            log.warning("%s: making that video again", e)
             return False
         if not isinstance(result, dict) or (result.get("prompt"), result.get("seed")) != (prompt, seed) or \
                 not isinstance(result.get("metrics"), dict) or not isinstance(result.get("missing"), dict):
