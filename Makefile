@@ -82,6 +82,8 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 	$(PY) -m jensenkv.report.videos --figure  # -> results/figures/video_strip.png; BF16 | quantized | corrected -> results/videos/
+	# the rerun against the committed results (git HEAD): every number within tolerance, every verdict equal (exit 4 if not)
+	$(PY) -m jensenkv.report.compare
 
 reproduce-llm: setup text ## the LLM partial-prefill diagnostic on SmolLM2-135M -> results/llm_prefill.{csv,md,tex}, results/llm_claims.md, results/figures/llm_*.png (29-33 min on 2 cores, README)
 	$(PY) -m jensenkv.run.llm_prefill experiment=llm_prefill

@@ -115,3 +115,33 @@ def test_the_command_names_where_the_strips_are(two_models, tmp_path, capsys, mo
         main(["--results", str(results), "--model", "nope"])
     with pytest.raises(SystemExit, match=r"--row=\['rtn INT9'\] is not allowed: use rows of tiny's options"):
         main(["--results", str(results), "--row", "rtn INT9"])
+
+
+
+PLAN = """
+import sys
+import jensenkv.report.videos as videos
+real = videos._video_entries
+def many_prompts(store, run_id):  # the run's one saved video, as if 8 prompts x 2 seeds were saved (record order)
+    (entry,) = real(store, run_id).values()
+    return {(f"prompt {i}", seed): {**entry, "prompt": f"prompt {i}", "seed": seed} for seed in (1, 0) for i in range(8)}
+videos._video_entries = many_prompts
+print([(s.row, s.prompt, s.seed) for s in videos.plan_strips(sys.argv[1])[1]][:3])
+"""
+
+
+def test_the_strips_and_the_figures_prompt_do_not_depend_on_the_hash_seed(results_store):
+    """Fresh processes with other PYTHONHASHSEED values (other string hashes, other set orders) plan the same
+    strips, the figure's first one on the run's first prompt at its smallest seed: --figure shows one prompt on
+    every regeneration."""
+    import os
+    import subprocess
+    import sys
+
+    def planned(hash_seed: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": os.pathsep.join(sys.path)}
+        return subprocess.run([sys.executable, "-c", PLAN, str(results_store)], env=env, check=True,
+                              capture_output=True, text=True).stdout
+    answers = {seed: planned(seed) for seed in ("0", "1", "2")}
+    assert len(set(answers.values())) == 1, answers
+    assert answers["0"].startswith("[('rtn INT2 g32', 'prompt 0', 0)"), answers["0"]  # the record's first prompt

@@ -6,6 +6,7 @@ script can tell done from partial from damaged.
     1    partial: an undamaged but incomplete store or sweep (runs missing, a report written under partial/)
     2    bad input: a bad flag, value or path; nothing was done
     3    damaged or failed: a damaged run in the store, a run or a write that failed, an unexpected error
+    4    differs: a rerun's result beyond its tolerance, or a changed verdict (``jensenkv.report.compare``)
     130  interrupted: Ctrl-C; what finished is kept, the same command resumes
 
 No jensenkv import here: every layer may use it.
@@ -21,10 +22,12 @@ DONE = 0
 PARTIAL = 1
 BAD_INPUT = 2
 FAILED = 3
+DIFFERS = 4  # report.compare: did not reproduce (not damaged, not failed: a number moved too far)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 MEANINGS = {DONE: "done", PARTIAL: "partial (incomplete store or sweep, not damaged)",
             BAD_INPUT: "bad input (nothing done)", FAILED: "damaged store or failed",
+            DIFFERS: "differs beyond tolerance (report.compare)",
             INTERRUPTED: "interrupted (Ctrl-C)"}
 EPILOG = "exit status: " + ", ".join(f"{code} {meaning}" for code, meaning in MEANINGS.items())
 

@@ -46,6 +46,7 @@ from jensenkv.report.rows import (BASELINE, QUANTIZER_ORDER, REASON_SOURCE, RUN_
                                   run_ids_of, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
 from jensenkv.exit_codes import EPILOG, guarded, stop
+from jensenkv.machine import PLATFORM_FILE, platform_text
 from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
 from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, recover_store, report_error, text_file
 from jensenkv.tracking import load_results, portable
@@ -432,17 +433,19 @@ def per_video_table(table: pd.DataFrame, videos: pd.DataFrame, runs: pd.DataFram
 
 
 def table1_part(t1: Table1, results_dir: str | Path) -> Part:
-    """table1.{csv,md,tex}, table1_videos.csv and table1_layers.csv, built in memory (``report.publish``)."""
+    """table1.{csv,md,tex}, table1_videos.csv, table1_layers.csv and platform.json (this machine: the runs of
+    ``make reproduce-table1`` and its reports run on one), built in memory (``report.publish``)."""
     table, paper, notes = t1.table.drop(columns=["row_id", "probe_steps"], errors="ignore"), t1.paper, t1.notes
     layers = layer_means(t1.table, results_dir)  # per-layer probe means (em_* diagnostics) of every cell
     files = {"table1.csv": table.to_csv(index=False), "table1.md": to_markdown(paper, notes),
              "table1.tex": to_latex(paper, notes), "table1_videos.csv": t1.videos.to_csv(index=False),
-             "table1_layers.csv": layers.to_csv(index=False)}
+             "table1_layers.csv": layers.to_csv(index=False),
+             PLATFORM_FILE: platform_text()}  # where these numbers were made (report.compare shows it)
     return Part("table1", {name: text_file(text) for name, text in files.items()}, list(t1.missing_rows))
 
 
 ARTIFACTS = {"table1.csv": "csv", "table1.md": "md", "table1.tex": "tex", "table1_videos.csv": "videos",
-             "table1_layers.csv": "layers"}
+             "table1_layers.csv": "layers", PLATFORM_FILE: "platform"}
 
 
 def write_table1(results_dir: str | Path = "results", out_dir: str | Path | None = None, group_size: int = 32,

@@ -74,6 +74,17 @@ def _panel(store: ResultsStore, label: str, run_id: str, entry: dict) -> Panel:
                  float(psnr) if psnr is not None else None)
 
 
+def first_seeds(quantized: dict[tuple[str, int], dict], corrected: dict[tuple[str, int], dict]) -> dict[str, int]:
+    """{prompt: its smallest seed} of the videos both runs saved, prompts in the quantized run's order (its
+    record's): never a set's order, which follows Python's per-process string hash (PYTHONHASHSEED) and made
+    --figure show another prompt on every regeneration."""
+    common = [key for key in quantized if key in corrected]
+    first: dict[str, int] = {}
+    for prompt, seed in sorted(common, key=lambda k: k[1]):  # stable: ties keep the record's prompt order
+        first.setdefault(prompt, seed)
+    return first
+
+
 def plan_strips(results_dir: str | Path, model: str | None = None, correction: str = "taylor",
                 rows: list[str] | None = None) -> tuple[str | None, list[Strip], list[str]]:
     """(the model shown, its strips, one line per row left without a strip and why); ``rows``: only these
@@ -101,9 +112,7 @@ def plan_strips(results_dir: str | Path, model: str | None = None, correction: s
         quantized_id = base.loc[base["replicate"] == shared[0], "run_id"].iloc[0]
         corrected_id = treated.loc[treated["replicate"] == shared[0], "run_id"].iloc[0]
         quantized, corrected = _video_entries(store, quantized_id), _video_entries(store, corrected_id)
-        first_seed: dict[str, int] = {}
-        for prompt, seed in sorted(set(quantized) & set(corrected), key=lambda k: k[1]):
-            first_seed.setdefault(prompt, seed)
+        first_seed = first_seeds(quantized, corrected)
         if not first_seed:
             skipped.append(f"{row}: runs {quantized_id} and {corrected_id} saved no videos of a common prompt "
                            "(eval.save_videos=false?)")
