@@ -276,7 +276,7 @@ def _cli_here(args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int
     (["-m", "quant.bits=2,2.0"], "error: Error merging override quant.bits=2.0: quant.bits: Value '2.0' of type "
                                  "'float' could not be converted to Integer", False),
     (["-m", "correction=none,taylor", "attention.strength=inf"],
-     "error: attention.strength=inf is not allowed: must be a finite number (signed: a global multiplier)", False),
+     "error: attention.strength=inf is not allowed: must be a finite number (NaN and inf are not settings)", False),
 ])
 def test_cli_rejects_bad_input_in_one_line_without_touching_results(tmp_path, weights, one_result, args, expected,
                                                                    process, monkeypatch, capsys):
