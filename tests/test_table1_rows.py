@@ -106,7 +106,9 @@ def test_a_new_correction_or_strength_becomes_a_new_line_without_code_changes(st
     base = f"{rtn.loc['none', 'psnr']:.2f}"
     treated = rtn.loc["taylor, second order", "psnr"]
     assert lines.loc["none -> taylor, second order", "PSNR"] == f"{base} -> {treated:.2f}"
-    main(["--results", str(store), "--out", str(tmp_path / "out"), "--no-figures", "--allow-incomplete"])
+    with pytest.raises(SystemExit) as partial:  # written, and exit 1: the store lacks the other quantizers
+        main(["--results", str(store), "--out", str(tmp_path / "out"), "--no-figures", "--allow-incomplete"])
+    assert partial.value.code == 1
     md = (tmp_path / "out" / "table1.md").read_text()
     assert "none -> taylor, second order" in md and "QuaRot (3 rotation seeds) + RTN, integer zero" in md
 
