@@ -5,6 +5,7 @@ No assertion depends on how fast anything ran.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,30 @@ def test_paired_ratio_is_median_and_iqr_of_per_repetition_ratios():
     assert median == 2.5 and iqr == pytest.approx(3.25 - 2.0)
     with pytest.raises(ValueError, match="paired ratios"):
         paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_only_one_benchmark_replaces_its_rows_and_keeps_every_other_row(tmp_path, monkeypatch):
+    """`scripts/bench.py --only NAME` on a copy of results/bench.csv: NAME's rows are this run's, every other row is
+    kept as it was, and each row names the commit and the date it was measured."""
+    import time
+
+    from jensenkv.bench import suite
+
+    shutil.copy(ROOT / "results" / "bench.csv", tmp_path / "bench.csv")
+    before = pd.read_csv(tmp_path / "bench.csv", dtype={"commit": str, "measured": str})
+    monkeypatch.setitem(suite.RUNNERS, "e2e_time_ratio",
+                        lambda plan: [suite.row("e2e_time_ratio", "stand-in", 1.0, "ratio")])
+    suite.run_suite(quick_plan(), tmp_path, only=("e2e_time_ratio",))
+    after = pd.read_csv(tmp_path / "bench.csv", dtype={"commit": str, "measured": str})
+    measured = ["benchmark", "config", "value", "unit", "iqr", "repeats"]
+    kept, old = after[after.benchmark != "e2e_time_ratio"], before[before.benchmark != "e2e_time_ratio"]
+    assert len(old) > 0
+    pd.testing.assert_frame_equal(kept[measured].reset_index(drop=True), old[measured].reset_index(drop=True))
+    assert list(after[after.benchmark == "e2e_time_ratio"].config) == ["stand-in"]
+    assert tuple(after.columns) == COLUMNS and after[["commit", "measured"]].notna().all().all()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    new = after[after.benchmark == "e2e_time_ratio"].iloc[0]
+    assert new.commit.removesuffix("+dirty") == head.strip()
+    assert new.measured == time.strftime("%Y-%m-%d", time.gmtime())
+    md = (tmp_path / "bench.md").read_text()
+    assert all(f"## {name}" in md for name in set(before.benchmark))

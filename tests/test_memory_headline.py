@@ -43,18 +43,21 @@ def test_skyreels_geometry_is_the_real_cache():
 
 def test_a_child_process_fills_until_the_budget_with_the_presets_bytes():
     """A fresh process at a toy geometry: stored bytes grow by one frame's stored form per frame (INT2 g=32: 2.75
-    of 16 bits), RSS holds at least what is stored, and it stops at the first frame past the budget."""
+    of 16 bits), its anonymous memory holds at least what is stored, and it stops at the first frame past the
+    budget. Nothing here depends on the machine's load: how many frames pass is not asserted (library pages the
+    kernel reclaims or faults back in move the total RSS), and measure's timeout only guards against a hang."""
     toy = Geometry(layers=2, branches=2, heads=2, dim=64, frame_tokens=2048, chunk_frames=1, queries=16)
     budget = 24 / 1024  # GiB
-    trajectory = measure("int2 g32", toy, budget, max_frames=60, timeout=300)
+    trajectory = measure("int2 g32", toy, budget, max_frames=60)
     assert [t["frames"] for t in trajectory] == list(range(1, len(trajectory) + 1))
-    assert trajectory[-1]["peak_growth"] > budget * GIB >= max(t["peak_growth"] for t in trajectory[:-1])
+    assert trajectory[-1]["peak_growth"] > budget * GIB  # stopped past the budget ...
+    assert all(t["peak_growth"] <= budget * GIB for t in trajectory[:-1])  # ... at the first frame past it
     per_frame = trajectory[0]["stored"]
     assert all(t["stored"] == t["frames"] * per_frame for t in trajectory)
     assert trajectory[-1]["stored"] / trajectory[-1]["bf16"] == pytest.approx(2.75 / 16)
-    assert trajectory[-1]["rss_growth"] >= 0.9 * trajectory[-1]["stored"]
+    assert all(t["anon_growth"] >= 0.9 * t["stored"] for t in trajectory)
     assert trajectory[-1]["workspace"] > 0  # the attention call's workspace is in the measurement
-    capped = measure("int2 g32", toy, 10.0, max_frames=2, timeout=300)
+    capped = measure("int2 g32", toy, 10.0, max_frames=2)
     assert len(capped) == 2 and frames_within(capped, 10.0 * GIB) is None  # capped below the budget: no answer
 
 

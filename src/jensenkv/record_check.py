@@ -24,9 +24,10 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is read: `import jensenkv.run.cli` stays light
+    import pandas as pd
 
 from jensenkv.hashing import config_hash
 
@@ -329,6 +330,8 @@ def check_video_result(run_id: str, path: Path, result: Any, run_dir: Path) -> N
 def text_columns(frame: pd.DataFrame) -> list[str]:
     """The columns of a table about to be written that hold labels, not numbers (a probe's ``branch``, a
     family's own labels such as WorldPlay's ``stream``): what the writer writes, so the check needs no list."""
+    import pandas as pd
+
     return [str(c) for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
 
 
@@ -381,6 +384,8 @@ def _check_probe_summary(frame: pd.DataFrame, record: dict, damaged: Callable[[s
 def _probe_table(data: bytes, damaged: Callable[[str], DamagedRunError], text: Sequence[str]) -> pd.DataFrame:
     """The bytes of a probe table as a DataFrame: text, CSV, the probe columns, rows, numbers in every column
     but the ``text`` ones."""
+    import pandas as pd
+
     if not data or data.isspace():
         raise damaged("empty: no header and no rows")
     try:

@@ -37,9 +37,10 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is built: `import jensenkv.config` stays light
+    import pandas as pd
 
 from jensenkv.hashing import config_hash  # noqa: F401 - re-exported: run ids are made here
 from jensenkv.record_check import (ATTENTION_FILE, DIGEST, RECORD_SCHEMA, CorruptRecordError,  # noqa: F401
@@ -683,6 +684,8 @@ def load_results(root: str | os.PathLike = "results") -> pd.DataFrame:
     Damaged runs raise DamagedStoreError, one line per run naming the file and the field: a table never
     silently drops or thins a run. Nothing is deleted.
     """
+    import pandas as pd
+
     frame = pd.DataFrame([record_row(r) for r in ResultsStore(root).iter_records()])
     for col in INTEGER_COLUMNS:  # nullable integers: a bf16 run has no group size, but 32 must not read 32.0
         if col in frame.columns:

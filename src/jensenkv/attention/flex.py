@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
-from torch.nn.attention.flex_attention import flex_attention
 
 from jensenkv.attention._inputs import (
     SegmentLike,
@@ -33,6 +32,9 @@ _compiled_flex: Callable | None = None
 
 def _flex(compile_kernel: bool) -> Callable:
     global _compiled_flex
+    # imported here: flex_attention pulls in sympy and torch.fx (0.3 s) that no other backend needs
+    from torch.nn.attention.flex_attention import flex_attention
+
     if not compile_kernel:
         return flex_attention
     if _compiled_flex is None:

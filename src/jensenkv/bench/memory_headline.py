@@ -126,6 +126,9 @@ def fill(quant: str, overrides: dict, geometry: Geometry, budget_gib: float, max
     del warm
     release_workspace()
     baseline = _rss_now()
+    # anonymous pages alone: the cache's bytes. Total RSS also counts library code pages, which the kernel may
+    # reclaim or fault back in at any moment on a busy machine
+    anon_baseline = _status_kib("RssAnon")
     if not reset_peak_rss():
         raise RuntimeError("cannot reset the peak RSS mark (/proc/self/clear_refs): the peak would include the "
                            "imports' and the warm-up's")
@@ -143,6 +146,7 @@ def fill(quant: str, overrides: dict, geometry: Geometry, budget_gib: float, max
             cached_attention(q, k_cur, v_cur, caches[-1].segments(), correction=correction)  # one layer's window
         peak = peak_rss() - baseline
         emit({"frames": frame, "peak_growth": peak, "rss_growth": _rss_now() - baseline,
+              "anon_growth": (_status_kib("RssAnon") - anon_baseline) * 1024,
               "stored": sum(c.nbytes for c in caches), "bf16": sum(c.bf16_nbytes for c in caches),
               # what the layer buffers hold, capacity included (pages never written are not in RSS)
               "held": sum(getattr(c, "held_nbytes", c.nbytes) for c in caches),

@@ -5,13 +5,16 @@ repetition (``timing``), memory is measured in fresh processes (``memory``). A r
 (benchmark, config, value, unit, iqr, repeats); a timing ratio's value is the median of the paired
 per-repetition ratios and iqr their interquartile range, in CPU time (unit "ratio") and in wall time
 (unit "ratio (wall)"); the targets read the CPU-time rows, which other tenants of a shared machine
-perturb far less than the wall clock.
+perturb far less than the wall clock. Each row also carries the commit it measured and the date (``commit``,
+``measured``; "unknown" for rows written before they existed). A run of some benchmarks (``--only``) replaces
+those benchmarks' rows in bench.csv and keeps every other row.
 """
 from __future__ import annotations
 
 import os
 import platform
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,8 @@ from jensenkv.tracking import atomic_write
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
               "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput",
               "probe_overhead", "worldplay_cache_memory")
-COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats")
+COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats", "commit", "measured")
+UNKNOWN = "unknown"  # commit / date of a row measured before rows carried them
 GPU_BENCHMARK = "gpu_kernel"  # its own file, results/bench_gpu.csv, only where CUDA is visible (bench.gpu)
 INT2 = {"bits": 2, "group_size": 32}
 BYTES_PRESETS = (("bf16", {}), ("rtn", INT2), ("rtn", {"bits": 4, "group_size": 32}), ("kivi", INT2),
@@ -466,6 +470,36 @@ def target_lines(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def code_commit() -> str:
+    """The commit being measured: HEAD's short id, "+dirty" when tracked files outside results/ differ from it;
+    "unknown" outside a git checkout."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(top,exclude)results")
+    except (OSError, subprocess.CalledProcessError):
+        return UNKNOWN
+    return head + ("+dirty" if dirty else "")
+
+
+def merge_rows(frame: pd.DataFrame, path: Path, replaced: tuple[str, ...]) -> pd.DataFrame:
+    """This run's rows and every row of the bench.csv at ``path`` whose benchmark is not in ``replaced`` (the ones
+    just run), in BENCHMARKS order: a run of one benchmark must not drop the others' measurements."""
+    if not path.is_file():
+        return frame
+    kept = pd.read_csv(path, dtype={"commit": str, "measured": str})
+    kept = kept[~kept.benchmark.isin(replaced)].reindex(columns=list(COLUMNS))
+    kept[["commit", "measured"]] = kept[["commit", "measured"]].fillna(UNKNOWN)
+    merged = pd.concat([kept, frame], ignore_index=True) if not kept.empty else frame
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    return merged.sort_values("benchmark", key=lambda b: b.map(order).fillna(len(order)), kind="stable",
+                              ignore_index=True)
+
+
 def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float) -> None:
     """bench.csv (every row, full precision) and bench.md (targets, then one table per benchmark)."""
     atomic_write(out_dir / "bench.csv", lambda f: f.write(frame.to_csv(index=False)), mode="w")
@@ -473,7 +507,7 @@ def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float)
     lines = ["# jensenkv benchmarks", "",
              f"CPU {cpu}, {len(os.sched_getaffinity(0))} usable cores, torch {torch.__version__} with "
              f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), GPU: "
-             f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}; wall time {seconds:.0f} s.",
+             f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}; wall time of the last run {seconds:.0f} s (each row names the commit and the date it measured).",
              "Timing ratios: median of paired, interleaved repetitions, with their interquartile range (iqr); "
              "unit `ratio` is process CPU time (what the targets read), `ratio (wall)` wall clock.",
              "Memory: measured in fresh processes with MALLOC_MMAP_THRESHOLD_=131072 (RSS), and as live tensor "
@@ -519,11 +553,13 @@ def run_suite(plan: Plan, out_dir: Path, only: tuple[str, ...] = BENCHMARKS + (G
     if GPU_BENCHMARK in only:
         gpu_kernel(plan, out_dir)
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame["commit"], frame["measured"] = code_commit(), time.strftime("%Y-%m-%d", time.gmtime())
     if not any(name in only for name in BENCHMARKS):  # the GPU comparison alone: leave bench.csv / bench.md as they are
         for note in plan.notes:
             _log(note)
         return frame
     seconds = time.perf_counter() - started
+    frame = merge_rows(frame, out_dir / "bench.csv", tuple(name for name in BENCHMARKS if name in only))
     write_report(frame, out_dir, plan, seconds)
     _log(f"wrote {out_dir / 'bench.csv'} and {out_dir / 'bench.md'} ({len(rows)} rows, {seconds:.0f} s)")
     return frame

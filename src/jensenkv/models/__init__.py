@@ -7,7 +7,14 @@ a family's light modules does not pull in the cache and attention stacks.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
+
+# diffusers imports bitsandbytes whenever it is installed (pyiqa requires it; no model here is bnb-quantized), and
+# bitsandbytes' CPU backend then asks the Hugging Face Hub for a kernel at import: a DNS lookup and a warning at
+# every run. None in sys.modules makes the import machinery report it absent, so diffusers (which probes it once,
+# at its own import) leaves it out. An already imported bitsandbytes is kept.
+sys.modules.setdefault("bitsandbytes", None)
 
 _EXPORTS = {"build_adapter": "adapters", "full_precision_cache": "adapters", "family": "registry",
             "FAMILIES": "registry", "ModelConfig": "config"}

@@ -1,0 +1,51 @@
+"""The run path imports only what a run uses, and a run of the built-in model neither reaches the network nor
+warns at import (diffusers would import bitsandbytes, whose CPU backend asks the Hub for a kernel)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Loaded only by what needs them: tables (pandas), the flex backend (flex_attention: sympy, torch.fx), the Triton
+# backend (triton); bitsandbytes by nothing
+HEAVY = ("pandas", "torch.nn.attention.flex_attention", "triton", "bitsandbytes")
+
+# In the child: every Python-level socket lookup or connect (audit events), and what was imported, on stderr at exit
+PROBE = """
+import atexit, json, runpy, sys
+net = []
+sys.addaudithook(lambda event, args: net.append([event, repr(args)[:200]])
+                 if event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.connect") else None)
+atexit.register(lambda: print("PROBE " + json.dumps({"net": net, "bnb": sys.modules.get("bitsandbytes") is not None}),
+                              file=sys.stderr))
+sys.argv = ["jensenkv.run", *sys.argv[1:]]
+runpy.run_module("jensenkv.run", run_name="__main__", alter_sys=True)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+
+
+def test_importing_the_run_cli_loads_no_table_kernel_or_quantization_library():
+    code = f"import sys, jensenkv.run.cli; print([m for m in {HEAVY!r} if sys.modules.get(m) is not None])"
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_built_in_model_run_imports_no_bitsandbytes_looks_up_no_host_and_warns_nothing(tmp_path: Path):
+    results = tmp_path / "results"
+    args = ["model.device=cpu", "generation.steps=2", "generation.num_chunks=2", "eval.num_prompts=1",
+            "eval.metrics=[psnr]", "logger=disabled", f"paths.results_dir={results}",
+            f"hydra.run.dir={tmp_path / 'out'}"]
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(results.glob("runs/*/record.json")), "the run wrote no record"
+    probe = json.loads(proc.stderr.rsplit("PROBE ", 1)[1])
+    assert probe == {"net": [], "bnb": False}
+    output = proc.stdout + proc.stderr
+    assert "kernels-community" not in output and "bitsandbytes" not in output, output[-3000:]
