@@ -87,9 +87,10 @@ def test_help_shows_with_a_bad_variable_in_the_environment(tmp_path):
     assert "python -m jensenkv.run" in out
 
 
-@pytest.mark.parametrize("delay_s", [0.3, 1.5])
+@pytest.mark.parametrize("delay_s", [0.1, 0.3, 0.8])
 def test_ctrl_c_while_loading_is_one_line(delay_s, tmp_path):
-    """Ctrl-C in the first seconds (the libraries loading, or the pre-check): one line, exit 130, no job."""
+    """Ctrl-C in the first second (the libraries loading, or the pre-check): one line, exit 130, no job; never
+    swallowed by a library's import (HF_HUB_OFFLINE=1, as every test sets it, is what exposed that)."""
     import signal
     import time
 

@@ -1,16 +1,15 @@
 """``python -m jensenkv.run``: the Hydra entry point.
 
-Ctrl-C while the libraries load (seconds) is one line and exit 130, like Ctrl-C in the pre-check: nothing
-has started. The handler is in place before the first heavy import (the package ``__init__`` is lazy).
+Ctrl-C before any job starts (the libraries loading, the pre-check) is one line and exit 130: nothing has
+started (``jensenkv.run.loading``). The guard is in place before the first heavy import (the package
+``__init__`` is lazy); ``cli.main`` releases it just before Hydra launches the jobs.
 """
 from __future__ import annotations
 
-import sys
+from jensenkv.run import loading
 
-try:
-    from jensenkv.run.cli import main
-except KeyboardInterrupt:
-    print("interrupted: before any job started (while loading the libraries)", file=sys.stderr)
-    sys.exit(130)
+loading.guard()
+
+from jensenkv.run.cli import main  # noqa: E402 - after the guard: this import loads torch, hydra, ...
 
 main()

@@ -363,6 +363,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("interrupted: before any job started (while checking the values)", file=sys.stderr)
         sys.exit(130)
     sys.argv = [sys.argv[0], *args]
+    from jensenkv.run import loading
     from jensenkv.run.summary import run_with_summary  # done / skipped / failed / missing; non-zero if missing
+
+    loading.release()  # from here Ctrl-C is the runs' own: one line, the summary, and the rerun resumes
 
     run_with_summary(args, hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(task))
