@@ -344,14 +344,22 @@ def test_a_run_taken_over_by_another_process_writes_nothing_more(tmp_path, tiny_
 
     monkeypatch.setenv("JENSENKV_LOCK_STALE_S", "0.4")  # a beat every 0.1 s
     results = tmp_path / "results"
-    original = Runner.prompt_results
+    original, original_lock = Runner.prompt_results, ResultsStore.run_lock
+    held: list[FileLock] = []
+
+    def recorded_lock(self, run_id):
+        held.append(original_lock(self, run_id))
+        return held[-1]
 
     def first_video_then_taken_over(self, batch):
         original(self, batch)
         lock = self.store.run_lock(self.run_id).path
         lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "heartbeat": time.time() + 60, "token": "other"}))
-        time.sleep(0.6)  # the holder's heartbeat reads the foreign token
+        deadline = time.monotonic() + 60  # the holder's heartbeat reads the foreign token: however loaded the machine
+        while not any(h.lost for h in held) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
+    monkeypatch.setattr(ResultsStore, "run_lock", recorded_lock)
     monkeypatch.setattr(Runner, "prompt_results", first_video_then_taken_over)
     caplog.set_level(logging.INFO, logger="jensenkv")
     record = run_overrides(fast_overrides(results, tiny_weights, "eval.seeds=[0,1]", "generation.batch_size=1"))
