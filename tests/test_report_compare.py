@@ -101,3 +101,19 @@ def test_the_default_other_side_is_the_committed_results_from_git(tmp_path):
         assert (committed / name).is_file(), name
     with pytest.raises(FileNotFoundError, match="not a git checkout"):
         committed_results(tmp_path, tmp_path / "x")
+
+
+def test_the_platform_record_holds_no_path_of_any_machine():
+    """platform.json is committed: the machine's description, never a file path (a compiler's, a home's)."""
+    import json
+    import re
+
+    from jensenkv.machine import platform_text
+
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        return [s for v in x for s in strings(v)] if isinstance(x, list) else [x] if isinstance(x, str) else []
+
+    for text in (platform_text(), (RESULTS / "platform.json").read_text()):
+        assert not [s for s in strings(json.loads(text)) if re.search(r"(^|\s)/\w", s)]

@@ -24,7 +24,7 @@ ENV = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_CBW
        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE")
 ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
              "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
-BUILD_KEYS = ("TORCH_VERSION", "BLAS_INFO", "LAPACK_INFO", "USE_MKL", "USE_MKLDNN", "USE_OPENMP", "CXX_COMPILER")
+BUILD_KEYS = ("TORCH_VERSION", "BLAS_INFO", "LAPACK_INFO", "USE_MKL", "USE_MKLDNN", "USE_OPENMP")  # no paths: a committed file
 
 
 def cpu_info(path: str = "/proc/cpuinfo") -> dict[str, Any]:
