@@ -9,11 +9,11 @@ experiment resumes from).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 from jensenkv.hashing import config_hash
+from jensenkv.record_check import file_sha256  # noqa: F401 - the one file hash (llm_prefill writes with it)
 
 log = logging.getLogger("jensenkv.llm")
 STORE_FOLDER = "llm_prefill"
@@ -29,10 +29,6 @@ def store_at(results_dir: str | Path):
 
 def window_path(store, run_id: str, index: int) -> Path:
     return store.run_dir(run_id) / "windows" / f"{index:04d}.json"
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class DamagedLlmRunError(ValueError):

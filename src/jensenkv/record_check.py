@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -76,8 +75,7 @@ _FILE_DIGESTS_KEPT = 200_000
 def content_digest(obj: Mapping[str, Any]) -> str:
     """sha256 of a JSON object's canonical text (sorted keys, no spaces), its own ``digest`` left out: an edit of
     any value changes it, a reformatting does not."""
-    body = {k: v for k, v in obj.items() if k != DIGEST}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return config_hash({k: v for k, v in obj.items() if k != DIGEST}, length=64)  # the run ids' canonical JSON
 
 
 def file_sha256(path: Path) -> str:
