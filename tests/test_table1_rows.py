@@ -19,11 +19,11 @@ SEEDS = (0, 1)
 
 
 def write_run(root, key: QuantConfig, correction: str = "none", strength: float = 1.0, psnr=None,
-              calibration: str | None = None, second_order: bool = False, **metrics) -> str:
+              calibration: str | None = None, second_order: bool = False, model: str = "tiny", **metrics) -> str:
     """A finished run's record as the runner writes it (labels, identity, per-video metrics, run means);
     ``psnr(prompt_index, seed, rotation_seed)`` gives each video's PSNR."""
     quantized = key.method != "none"
-    identity = {"model": {"kind": "tiny", "name": "tiny"}, "weights": "w", "generation": {"steps": 10},
+    identity = {"model": {"kind": "tiny", "name": model}, "weights": "w", "generation": {"steps": 10},
                 "key": dataclasses.asdict(key), "value": dataclasses.asdict(key), "sink_chunks": 0,
                 "window_chunks": None, "correction": correction, "strength": strength,
                 "second_order": second_order, "probe_steps": [0, 3], "prompts": list(PROMPTS), "seeds": list(SEEDS), "metrics": ["psnr"]}
@@ -169,3 +169,15 @@ def test_treatment_labels_name_the_correction_strength_and_calibration():
     assert treatment_label({"correction": "taylor", "strength": "fitted"}) == "taylor, strength fitted"
     assert treatment_label({"correction": "taylor", "strength": 1.0, "second_order": True}) == "taylor, second order"
     assert treatment_label({"correction": "taylor", "strength": 1.0, "second_order": False}) == "taylor"
+
+
+def test_what_a_models_table_lacks_names_only_that_model(tmp_path):
+    """``report.claims --model X`` on a store holding several models: its gaps are X's rows, not the others'."""
+    from jensenkv.report.claims import claims_gaps
+    from jensenkv.report.table1 import missing_rows
+
+    write_run(tmp_path, RTN, psnr=lambda i, s, r: 20.0)
+    write_run(tmp_path, RTN, psnr=lambda i, s, r: 20.0, model="other")
+    for gaps in (missing_rows(tmp_path, model="tiny"), claims_gaps(tmp_path, "taylor", model="tiny")):
+        assert gaps and all("other" not in gap for gap in gaps)
+    assert any(gap.startswith("other ") for gap in missing_rows(tmp_path))

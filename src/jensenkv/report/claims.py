@@ -553,14 +553,14 @@ def render(reports: list[ModelReport], results_dir: str | Path, correction: str,
     return "\n".join(lines).rstrip() + "\n"
 
 
-def claims_gaps(results_dir: str | Path, correction: str) -> list[str]:
+def claims_gaps(results_dir: str | Path, correction: str, model: str | None = None) -> list[str]:
     """What the store lacks of the experiment claims.md describes: Table 1's rows (``table1.missing_rows``),
     the noise floor and the teacher-forced runs (``report.checks``)."""
     from jensenkv.report.checks import NOISE_FLOOR_FILE, TEACHER_FORCED_DIR
     from jensenkv.report.table1 import missing_rows
 
     results_dir = Path(results_dir)
-    gaps = missing_rows(results_dir, correction=correction)
+    gaps = missing_rows(results_dir, correction=correction, model=model)
     if not (results_dir / NOISE_FLOOR_FILE).is_file():
         gaps.append(f"{NOISE_FLOOR_FILE} (python -m jensenkv.run.noise_floor)")
     if not (results_dir / TEACHER_FORCED_DIR / "runs").is_dir():
@@ -576,7 +576,7 @@ def write_claims(results_dir: str | Path = "results", out: str | Path | None = N
     Returns (the path written, the reports, the why line or "")."""
     reports = build_report(results_dir, model, correction, bits, reference_bits)
     text = render(reports, results_dir, correction, bits)
-    part = Part("claims", {"claims.md": text_file(text)}, claims_gaps(results_dir, correction))
+    part = Part("claims", {"claims.md": text_file(text)}, claims_gaps(results_dir, correction, model))
     published = publish(Path(out) if out is not None else Path(results_dir), [part], allow_incomplete)
     return published.paths["claims.md"], reports, published.incomplete.get("claims", "")
 

@@ -385,9 +385,13 @@ def table1_gaps(table: pd.DataFrame, correction: str, runs: pd.DataFrame | None 
     return gaps
 
 
-def missing_rows(results_dir: str | Path, group_size: int = 32, correction: str = "taylor") -> list[str]:
-    """What keeps the store's Table 1 from being complete (``table1_gaps``), without building the table."""
+def missing_rows(results_dir: str | Path, group_size: int = 32, correction: str = "taylor",
+                 model: str | None = None) -> list[str]:
+    """What keeps the store's Table 1 (of ``model``; None: every model) from being complete (``table1_gaps``),
+    without building the table."""
     runs = load_results(results_dir)
+    if model is not None and not runs.empty:
+        runs = runs[runs["model"] == model]
     if runs.empty:
         return ["every row (no runs)"]
     selection = choose_runs(runs, group_size, None, results_dir)
