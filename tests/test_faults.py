@@ -353,8 +353,10 @@ def test_a_run_taken_over_by_another_process_writes_nothing_more(tmp_path, tiny_
 
     def first_video_then_taken_over(self, batch):
         original(self, batch)
-        lock = self.store.run_lock(self.run_id).path
-        lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "heartbeat": time.time() + 60, "token": "other"}))
+        lock = self.store.run_lock(self.run_id)
+        with lock._guard():  # as a process taking the lock over writes it: never between a heartbeat's read and write
+            lock.path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "heartbeat": time.time() + 60,
+                                             "token": "other"}))
         deadline = time.monotonic() + 60  # the holder's heartbeat reads the foreign token: however loaded the machine
         while not any(h.lost for h in held) and time.monotonic() < deadline:
             time.sleep(0.05)
