@@ -127,7 +127,7 @@ def test_ctrl_c_while_checking_is_one_line(monkeypatch, capsys):
 # --- 3. calibration: --out is checked before any video --------------------------------------------------
 @pytest.mark.parametrize("where", ["under a file", "/proc", "a folder"])
 def test_calibrate_refuses_an_unwritable_out_before_any_video(tmp_path, monkeypatch, capsys, where):
-    from jensenkv.calibrate import main
+    from jensenkv.calibration.fit import main
 
     (tmp_path / "file").write_text("x")
     out = {"under a file": tmp_path / "file" / "cal.json", "/proc": Path("/proc/x.json"),

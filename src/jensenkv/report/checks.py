@@ -217,6 +217,6 @@ def checks_section(opts: Options, results_dir: str | Path, correction: str, bits
              *effect_lines(opts, results_dir, correction, bits), "", teacher_forced_section(results_dir),
              "## What the calibrated strengths cost", "",
              ("Strengths fitted per (layer, head) on calibration prompts and seeds disjoint from these "
-              "(`python -m jensenkv.calibrate`), paired per video:"), "",
+              "(`python -m jensenkv.calibration`), paired per video:"), "",
              *(cost or ["- no calibrated run in the store"]), ""]
     return "\n".join(lines)
