@@ -36,6 +36,33 @@ def test_importing_the_run_cli_loads_no_table_kernel_or_quantization_library():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def imported_modules(statement: str) -> list[str]:
+    """Every module ``statement`` imports in a fresh interpreter, from ``python -X importtime``."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", statement], env=_env(), capture_output=True,
+                         text=True, timeout=120, check=True)
+    return [line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")
+            and not line.rstrip().endswith("| imported package")]
+
+
+def test_importing_the_config_loads_no_pandas():
+    """The config tree is built before any table: pandas is loaded by the report alone (torch's own tqdm still
+    imports its ``tqdm._tqdm_pandas`` hook module, which imports no pandas)."""
+    modules = imported_modules("import jensenkv.config")
+    assert "jensenkv.config" in modules and "jensenkv.logger_config" in modules
+    assert [m for m in modules if m.split(".")[0] == "pandas"] == []
+
+
+def test_the_store_and_the_runner_load_no_pandas_at_import():
+    modules = imported_modules("import jensenkv.store.results, jensenkv.store.llm, jensenkv.run.runner, "
+                               "jensenkv.run.wandb, jensenkv.eval.scoring")
+    assert "jensenkv.store.record_check" in modules
+    assert [m for m in modules if m.split(".")[0] in ("pandas", "wandb")] == []
+
+
+def test_the_import_listing_sees_pandas_once_it_is_imported():
+    assert "pandas" in imported_modules("import jensenkv.report.store_frame, pandas")
+
+
 def test_a_built_in_model_run_imports_no_bitsandbytes_looks_up_no_host_and_warns_nothing(tmp_path: Path):
     results = tmp_path / "results"
     args = ["model.device=cpu", "generation.steps=2", "generation.num_chunks=2", "eval.num_prompts=1",

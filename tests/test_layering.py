@@ -18,8 +18,8 @@ LAYERS = (
     ("generation", ("generation", "generate", "teacher_forced")),
     ("models", ("models", "llm")),
     ("eval", ("eval",)),
-    ("tracking", ("record_check", "tracking", "llm_store")),
-    ("config and report", ("config", "config_help", "spec", "report", "llm_config")),
+    ("store", ("store",)),
+    ("config and report", ("config", "config_help", "logger_config", "spec", "report", "llm_config")),
     ("run", ("run",)),
     ("command lines", ("doctor", "calibration.fit", "calibration.__main__", "bench")),
 )  # a dotted member places a package's module above its package (calibration: the file format is foundation)

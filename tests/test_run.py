@@ -13,7 +13,8 @@ import torch
 import jensenkv.generate
 import jensenkv.run as run_module
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 from pipeline_testkit import fast_overrides, write_random_tiny_weights  # noqa: E402
 
@@ -144,10 +145,10 @@ def test_an_interrupted_run_resumes_at_the_first_unfinished_prompt(batch, tmp_pa
     overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2", f"generation.batch_size={batch}")
     real = Runner.score
 
-    def die_on_second(self, index, *args):
-        if index == 1:
+    def die_on_second(self, video, *args):
+        if video.index == 1:
             raise KeyboardInterrupt
-        return real(self, index, *args)
+        return real(self, video, *args)
 
     monkeypatch.setattr(Runner, "score", die_on_second)
     with pytest.raises(KeyboardInterrupt):

@@ -22,13 +22,13 @@ from jensenkv.attention._inputs import CAUSAL_BACKENDS
 from jensenkv.checks import check_choice, check_finite_tree, check_int, fail
 from jensenkv.config import PathsConfig
 from jensenkv.hashing import config_hash
-from jensenkv.llm_store import STORE_FOLDER
+from jensenkv.store.llm import STORE_FOLDER
 from jensenkv.llm.prefill import TREATMENTS
 from jensenkv.llm.text import SOURCES
 from jensenkv.quant import QuantConfig
 from jensenkv.quant.config import FLOAT_DTYPES
 from jensenkv.spec import CONFIG_DIR
-from jensenkv.tracking import LoggerConfig, resolve_wandb_mode
+from jensenkv.logger_config import LoggerConfig, resolve_wandb_mode
 
 
 @dataclass

@@ -11,7 +11,8 @@ from jensenkv.generate import flow_sigmas, generate_video
 from jensenkv.models.adapters import build_adapter
 from jensenkv.models.worldplay.schedule import worldplay_sigmas, worldplay_timesteps
 from jensenkv.run import preset, run_overrides
-from jensenkv.tracking import ResultsStore, load_attention
+from jensenkv.report.store_frame import load_attention
+from jensenkv.store.results import ResultsStore
 
 TINY = ("model=worldplay_tiny", "model.device=cpu")
 

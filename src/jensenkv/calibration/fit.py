@@ -194,8 +194,9 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
     from jensenkv.generate import generate_videos
     from jensenkv.models import build_adapter
     from jensenkv.models.registry import family
-    from jensenkv.run.runner import check_finite, default_threads
-    from jensenkv.tracking import atomic_write_json, check_output_file
+    from jensenkv.run.environment import default_threads
+    from jensenkv.run.videos import check_finite
+    from jensenkv.store.files import atomic_write_json, check_output_file
 
     spec = calibration_spec(spec)
     if shrink is not None and (isinstance(shrink, bool) or not isinstance(shrink, (int, float))

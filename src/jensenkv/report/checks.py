@@ -23,7 +23,8 @@ from jensenkv.eval.stats import Interval, PairedDifference
 from jensenkv.report.intervals import cell_interval, paired
 from jensenkv.report.options import Options
 from jensenkv.report.rows import cluster_means
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 NOISE_FLOOR_FILE = "noise_floor.csv"
 TEACHER_FORCED_DIR = "teacher_forced"

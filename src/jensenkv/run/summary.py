@@ -72,7 +72,8 @@ def _label(spec) -> str:
 def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
     """The distinct runs of the command, and whether each was finished before it started; None if unknown."""
     from jensenkv.spec import build_spec, compose_config
-    from jensenkv.tracking import ResultsStore, resolve_wandb_mode
+    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.store.results import ResultsStore
 
     try:
         jobs = _job_overrides(args)
@@ -98,7 +99,9 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
     """("done" | "skipped" | "failed" | "missing", detail) of one planned run after the command ran; a done or
     skipped run whose W&B log is still missing has the detail "wandb pending". ``wait``: wait for a run in
     progress elsewhere (not after Ctrl-C)."""
-    from jensenkv.tracking import CorruptRecordError, ResultsStore, ResultsWriteError, read_json
+    from jensenkv.store.files import ResultsWriteError, read_json
+    from jensenkv.store.record import CorruptRecordError
+    from jensenkv.store.results import ResultsStore
 
     store = ResultsStore(run.results_dir)
     wandb_pending = run.wandb and not store.wandb_marker_path(run.run_id).exists()
