@@ -2,6 +2,7 @@
 warns at import (diffusers would import bitsandbytes, whose CPU backend asks the Hub for a kernel)."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -57,6 +58,29 @@ def test_the_store_and_the_runner_load_no_pandas_at_import():
                                "jensenkv.run.wandb, jensenkv.eval.scoring")
     assert "jensenkv.store.record_check" in modules
     assert [m for m in modules if m.split(".")[0] in ("pandas", "wandb")] == []
+
+
+def module_level_pandas(src: Path, above: tuple[str, ...]) -> list[str]:
+    """Modules under ``src`` (those of the packages ``above`` left out) importing pandas in their module body."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).parts[0] in above:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "pandas" for name in names):
+                found.append(str(path.relative_to(src)))
+    return found
+
+
+def test_nothing_below_the_report_imports_pandas_at_module_level(tmp_path):
+    src = Path(__file__).resolve().parents[1] / "src" / "jensenkv"
+    above = ("report", "run", "bench", "doctor.py", "calibrate.py")  # the report and the layers above it
+    assert module_level_pandas(src, above) == []
+    (tmp_path / "planted.py").write_text("import pandas as pd\n")
+    (tmp_path / "lazy.py").write_text("def f():\n    import pandas\n")
+    assert module_level_pandas(tmp_path, ()) == ["planted.py"]
 
 
 def test_the_import_listing_sees_pandas_once_it_is_imported():
