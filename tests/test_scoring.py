@@ -31,6 +31,10 @@ def test_every_metric_has_one_scorer_and_a_run_gets_those_it_asks_for():
     assert set(SCORERS) == set(METRICS)
     names = [s.metric for s in scorers(_spec("ssim", "psnr"))]
     assert names == ["psnr", "ssim", "effective_bits"]  # the cache size: every run
+    every = scorers(_spec(*METRICS))
+    assert [s.metric for s in every if s.needs_saved_video] == ["vbench"]  # the runner saves the mp4s for it
+    assert [s.metric for s in every if s.needs_chunks] == ["teacher_forced"]
+    assert [s.metric for s in every if not s.needs_reference] == ["content", "vbench", "effective_bits"]
 
 
 def test_a_bf16_run_has_a_reason_for_every_metric_that_needs_a_reference():

@@ -79,6 +79,8 @@ class Scorer:
     metric = ""
     needs_reference = True   # compared with the full-precision reference
     needs_video = True       # reads the generated video
+    needs_saved_video = False  # reads the run's mp4 files (the runner saves them)
+    needs_chunks = False     # reads teacher-forced chunks (the runner makes them; a BF16 run has none)
 
     def __init__(self, spec: Any):
         self.spec = spec
@@ -182,6 +184,7 @@ class TeacherForced(Scorer):
 
     metric = "teacher_forced"
     needs_video = False
+    needs_chunks = True
 
     def score(self, video: Video) -> Score:
         rows = video.teacher_forced
@@ -224,6 +227,7 @@ class VBench(Scorer):
 
     metric = "vbench"
     needs_reference = False
+    needs_saved_video = True
 
     def aggregate(self, results: list[dict], files: RunFiles) -> Score:
         from jensenkv.eval.vbench import evaluate_vbench

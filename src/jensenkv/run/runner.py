@@ -57,8 +57,8 @@ class Runner:
             raise BatchMemoryError(f"generation.batch_size={spec.generation.batch_size}: a batch of {len(batch)} "
                                    f"videos does not fit on {spec.model.device} ({first}); use "
                                    f"generation.batch_size={max(1, len(batch) // 2)}") from None
-        forced = self.videos.teacher_forced(jobs) if "teacher_forced" in spec.eval.metrics and not spec.is_reference \
-            else [None] * len(jobs)
+        chunks = any(scorer.needs_chunks for scorer in self.scorers) and not spec.is_reference
+        forced = self.videos.teacher_forced(jobs) if chunks else [None] * len(jobs)
         for (index, prompt, seed), (ref_id, ref), made, tf in zip(batch, references, generated, forced):
             self.score(Video(index, prompt, seed, made[0], None if spec.is_reference else ref, made[1], tf), ref_id,
                        *made[2:])
@@ -74,7 +74,7 @@ class Runner:
         written = [atomic_write_json(path.with_suffix(f".{name}.json"), frame.to_dict(orient="list"))
                    for name, frame in scored.tables.items()]  # this video's side files: its result lists them
         video_file = None
-        if spec.eval.save_videos or "vbench" in spec.eval.metrics:
+        if spec.eval.save_videos or any(scorer.needs_saved_video for scorer in self.scorers):
             tmp_dir = self.store.tmp_dir(self.run_id)
             saved = save_mp4(item.video, self.run_dir / "videos" / f"{item.index:04d}_s{item.seed}.mp4", spec.eval.fps,
                              tmp_dir=tmp_dir)
