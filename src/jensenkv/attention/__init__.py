@@ -8,6 +8,7 @@ ATTENTION_BACKENDS / get_backend choose among the kernels by name.
 from __future__ import annotations
 
 from jensenkv.attention._inputs import CORRECTIONS, SegmentLike
+from jensenkv.cache import Segment
 from jensenkv.attention.backends import ATTENTION_BACKENDS, get_backend
 from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
@@ -19,6 +20,7 @@ __all__ = [
     "ATTENTION_BACKENDS",
     "CORRECTIONS",
     "PROBE_KEYS",
+    "Segment",
     "SegmentLike",
     "attention_probes",
     "cached_attention",

@@ -17,11 +17,10 @@ from typing import Callable, Sequence
 import torch
 
 from jensenkv.attention._inputs import (
-    SegmentLike,
+    Segment,
     Strength,
     refuse_causal,
     resolve_scale,
-    segment_has_steps,
     validate_attention_inputs,
 )
 from jensenkv.attention.cpu import augmented_inputs, bias_column_tables, exact_bias_mask, stacked_inputs
@@ -46,7 +45,7 @@ def flex_cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str = "none",
     scale: float | None = None,
     strength: Strength = 1.0,
@@ -68,7 +67,7 @@ def flex_cached_attention(
         raise ValueError(f"max_unrolled={max_unrolled} is not allowed: it must be >= 1")
     scale = resolve_scale(scale, q.shape[-1])
     attend = _flex(q.is_cuda if compile_kernel is None else compile_kernel)
-    if correction == "none" or not any(segment_has_steps(seg) for seg in segments):
+    if correction == "none" or not any(seg.has_steps for seg in segments):
         keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
         return attend(q, keys, values, scale=scale)
     tables = bias_column_tables(q.float(), k_cur, segments, correction, scale, strength)

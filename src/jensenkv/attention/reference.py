@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from jensenkv.attention._inputs import (
-    SegmentLike,
+    Segment,
     Strength,
     check_causal,
     current_visible,
@@ -26,7 +26,7 @@ def reference_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str = "none",
     scale: float | None = None,
     strength: Strength = 1.0,

@@ -42,16 +42,16 @@ from pathlib import Path
 import torch
 
 from jensenkv.attention._inputs import (
-    SegmentLike,
+    Segment,
     Strength,
     check_strength,
     refuse_causal,
     resolve_scale,
-    segment_has_steps,
     strength_view,
     validate_attention_inputs,
 )
 from jensenkv.attention.second_order import refuse_second_order
+from jensenkv.cache import GivenTensor
 from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_terms,
@@ -250,10 +250,12 @@ def storage_refusal(key, value) -> str | None:
     return None
 
 
-def _check_storage(seg: SegmentLike, index: int, name: str):
-    stored = getattr(seg, f"stored_{name}", None)
-    if stored is None:
-        if name == "k" and segment_has_steps(seg):
+def _check_storage(seg: Segment, index: int, name: str) -> RTNTensor | None:
+    """The RTN form the kernel reads for the segment's keys or values, None when they are full precision;
+    ValueError for a form it cannot read."""
+    stored = seg.stored(name)
+    if isinstance(stored, GivenTensor):
+        if name == "k" and seg.has_steps:
             raise ValueError(
                 f"segments[{index}] carries steps but no stored form: backend=triton reads packed codes, so "
                 "quantized segments must come from ChunkedKVCache.segments()"
@@ -273,10 +275,10 @@ def _check_storage(seg: SegmentLike, index: int, name: str):
     return stored
 
 
-def _full_precision(seg: SegmentLike, name: str) -> torch.Tensor:
+def _full_precision(seg: Segment, name: str) -> torch.Tensor:
     """(B, H, K, D) full-precision keys or values of a segment as stored (no dequantized copy)."""
-    stored = getattr(seg, f"stored_{name}", None)
-    return stored.data if isinstance(stored, FullPrecisionTensor) else getattr(seg, name)
+    stored = seg.stored(name)
+    return stored.data if isinstance(stored, (FullPrecisionTensor, GivenTensor)) else seg.dequantized(name)
 
 
 def _operand_code(q: torch.Tensor, operands: str | None) -> int:
@@ -304,7 +306,7 @@ def triton_cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str = "none",
     scale: float | None = None,
     strength: Strength = 1.0,

@@ -155,16 +155,12 @@ GQA_BACKENDS = ("triton",)  # backends that read Hkv < Hq heads; the others get 
 def dense_gqa(q, k_cur, v_cur, segments):
     """K/V with each KV head repeated for its query heads, as dense segments: what a backend without GQA is
     handed (MAGI-1's caches expand their GQA heads this way for such backends)."""
-    from jensenkv.cache import CacheSegment
-    from jensenkv.correction import GroupSteps
-
     group = q.shape[1] // k_cur.shape[1]
 
     def rep(t: torch.Tensor) -> torch.Tensor:  # (B, Hkv, S, D) -> (B, Hq, S, D)
         return t.repeat_interleave(group, dim=1)
 
-    dense = [CacheSegment(rep(s.k), rep(s.v), None if s.steps is None else
-                          GroupSteps(rep(s.steps.step), s.steps.rotation)) for s in segments]
+    dense = [s.expanded(group) for s in segments]
     return q, rep(k_cur), rep(v_cur), dense
 
 
