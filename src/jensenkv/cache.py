@@ -204,22 +204,28 @@ class Segment:
     the stored form on first access and kept by this segment only: dropping it frees them.
     """
 
-    def __init__(self, stored_k: QuantizedTensor, stored_v: QuantizedTensor, k_ref: torch.Tensor | None = None,
-                 v_ref: torch.Tensor | None = None):
-        self.stored_k = stored_k
-        self.stored_v = stored_v
+    def __init__(self, k: QuantizedTensor | torch.Tensor, v: QuantizedTensor | torch.Tensor,
+                 steps: GroupSteps | None = None, k_ref: torch.Tensor | None = None, v_ref: torch.Tensor | None = None):
+        """k, v: the stored forms, or tensors (B, H, K, D) / (B, H, K, Dv) of a hand-built segment, kept as
+        ``GivenTensor``s with the keys' ``steps`` (None: full precision; stored keys carry their own)."""
+        if isinstance(k, torch.Tensor):
+            k = GivenTensor(k, steps)
+        elif steps is not None:
+            raise ValueError("steps is not allowed with stored keys: a stored form carries its own steps")
+        self.stored_k: QuantizedTensor = k
+        self.stored_v: QuantizedTensor = GivenTensor(v) if isinstance(v, torch.Tensor) else v
         self.k_ref = k_ref  # (B, H, K, D) full-precision keys (keep_reference, probes only) or None
         self.v_ref = v_ref  # (B, H, K, Dv)
-        self.k_shape: tuple[int, ...] = tuple(stored_k.shape)  # (B, H, K, D)
-        self.v_shape: tuple[int, ...] = tuple(stored_v.shape)  # (B, H, K, Dv)
-        self.has_steps = carries_steps(stored_k)  # False: full-precision keys, never corrected
+        self.k_shape: tuple[int, ...] = tuple(self.stored_k.shape)  # (B, H, K, D)
+        self.v_shape: tuple[int, ...] = tuple(self.stored_v.shape)  # (B, H, K, Dv)
+        self.has_steps = carries_steps(self.stored_k)  # False: full-precision keys, never corrected
 
     @classmethod
     def from_tensors(cls, k: torch.Tensor, v: torch.Tensor, steps: GroupSteps | None = None,
                      k_ref: torch.Tensor | None = None, v_ref: torch.Tensor | None = None) -> Segment:
         """A hand-built segment: k (B, H, K, D) dequantized keys with their ``steps`` (None: full precision),
         v (B, H, K, Dv), and the optional full-precision references."""
-        return cls(GivenTensor(k, steps), GivenTensor(v), k_ref, v_ref)
+        return cls(GivenTensor(k, steps), GivenTensor(v), k_ref=k_ref, v_ref=v_ref)
 
     def replace(self, **fields: Any) -> Segment:
         """A hand-built copy with some of k, v, steps, k_ref, v_ref replaced (the others as this one's)."""
@@ -268,7 +274,8 @@ class Segment:
         paths read it as they would alone), a hand-built segment by slicing its tensors."""
         own = slice(b, b + 1)
         return Segment(_video_of(self.stored_k, b), _video_of(self.stored_v, b),
-                       None if self.k_ref is None else self.k_ref[own], None if self.v_ref is None else self.v_ref[own])
+                       k_ref=None if self.k_ref is None else self.k_ref[own],
+                       v_ref=None if self.v_ref is None else self.v_ref[own])
 
     def expanded(self, groups: int) -> Segment:
         """Its KV heads repeated for the query heads of each group, as a hand-built segment (nothing is
@@ -287,9 +294,8 @@ def _video_of(stored: QuantizedTensor, b: int) -> QuantizedTensor:
     return stored.video(b) if isinstance(stored, GivenTensor) else video_of(stored, b)
 
 
-# The names the model processors and tests used for the two former segment types: both are ``Segment`` now.
-StoredSegment = Segment
-CacheSegment = Segment.from_tensors
+# The names of the two former segment types (a cache's view, a hand-built one): both are ``Segment`` now.
+StoredSegment = CacheSegment = Segment
 
 
 def video_segment(seg: Segment, b: int) -> Segment:
@@ -419,7 +425,7 @@ class ChunkedKVCache:
 
     def segments(self) -> list[Segment]:
         """Visible chunks, oldest first, as lazy views of their stored form (nothing is dequantized here)."""
-        return [Segment(chunk.k, chunk.v, chunk.k_ref, chunk.v_ref) for chunk in self._chunks]
+        return [Segment(chunk.k, chunk.v, k_ref=chunk.k_ref, v_ref=chunk.v_ref) for chunk in self._chunks]
 
     @property
     def chunk_indices(self) -> list[int]:

@@ -28,16 +28,6 @@ def check_causal(causal: object, n_q: int, n_cur: int) -> None:
                          "queries are the last Q of the current tokens, so R >= Q")
 
 
-CAUSAL_BACKENDS = ("cached", "reference")  # the built-in kernels that take causal=True (a causal LM's calls)
-
-
-def refuse_causal(causal: object, backend: str) -> None:
-    """ValueError for a backend that has no causal mask over the current chunk."""
-    if causal is not False:
-        raise ValueError(f"causal={causal!r} is not allowed with attention.backend={backend!r}: a causal LM's "
-                         f"attention needs a backend in {CAUSAL_BACKENDS}")
-
-
 def current_visible(n_q: int, n_cur: int, device: torch.device | str) -> torch.Tensor:
     """(Q, R) bool: query i sees current token j iff j <= i + R - Q (the queries are the current chunk's last Q
     tokens: bottom-right aligned, as flash-attention's causal mask)."""

@@ -24,17 +24,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from jensenkv.attention._inputs import (
-    TILE_ELEMENTS,
-    Segment,
-    Strength,
-    causal_additive,
-    check_causal,
-    resolve_scale,
-    strength_view,
-    validate_attention_inputs,
-)
-from jensenkv.attention.second_order import check_second_order, second_order_scores
+from jensenkv.attention._inputs import TILE_ELEMENTS, Strength, causal_additive, strength_view
+from jensenkv.attention.registry import Capabilities, register_backend
+from jensenkv.attention.second_order import second_order_scores
 from jensenkv.attention.workspace import (
     batch_key,
     carve,
@@ -42,6 +34,7 @@ from jensenkv.attention.workspace import (
     dequantize_many_into,
     workspace,
 )
+from jensenkv.cache import Segment
 from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_key_columns,
@@ -93,23 +86,20 @@ def step_kind(seg: Segment) -> tuple[int, int]:
     return step.shape[-1], id(rotation)
 
 
+@register_backend("cached", Capabilities(kv_heads=False, second_order=True, causal=True))
 def cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
     segments: Sequence[Segment],
-    correction: str = "none",
-    scale: float | None = None,
-    strength: Strength = 1.0,
-    second_order: bool = False,
-    causal: bool = False,
+    correction: str,
+    scale: float,
+    strength: Strength,
+    second_order: bool,
+    causal: bool,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
     ``causal`` (a causal LM): the current chunk's later tokens are masked, an additive (Q, K_total) mask."""
-    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
-    check_second_order(second_order, correction)
-    check_causal(causal, q.shape[2], k_cur.shape[2])
-    scale = resolve_scale(scale, q.shape[-1])
     corrected = correction != "none" and any(seg.has_steps for seg in segments)
     mask = None  # (Q, K_total) additive, a causal call only (the video paths pay nothing for it)
     if causal:

@@ -14,18 +14,11 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import (
-    TILE_ELEMENTS,
-    Segment,
-    Strength,
-    check_causal,
-    current_visible,
-    resolve_scale,
-    strength_view,
-    validate_attention_inputs,
-)
+from jensenkv.attention._inputs import TILE_ELEMENTS, Strength, current_visible, strength_view
 from jensenkv.attention.cpu import write_segments
-from jensenkv.attention.second_order import check_second_order, second_order_scores
+from jensenkv.attention.registry import Capabilities, check_call
+from jensenkv.attention.second_order import second_order_scores
+from jensenkv.cache import Segment
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
     SERIES_MAX_ARG,
@@ -39,6 +32,8 @@ PROBE_KEYS = (
     "p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err", "bias_mean",
     "p_s_head_median", "delta_p_s_head_median",
 )
+# the probes see full score rows: they take the second-order term and the causal mask as the backends that do
+PROBE_CAPABILITIES = Capabilities(kv_heads=False, second_order=True, causal=True)
 _LOG2 = math.log(2.0)
 _HIDDEN = -1e9  # the score of a current token a causal query may not see: far below any real score
 
@@ -75,16 +70,14 @@ def attention_probes(
     ``causal``: as in the attention paths, the current chunk's later tokens are hidden from each query (a causal
     LM); p_r is then the mass on the current tokens each query sees.
     """
-    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
-    check_second_order(second_order, correction)
-    check_causal(causal, q.shape[2], k_cur.shape[2])
+    scale = check_call(PROBE_CAPABILITIES, "probes", q, k_cur, v_cur, segments, correction, scale, strength,
+                       second_order, causal)
     if query_tile < 1:
         raise ValueError(f"query_tile={query_tile} is not allowed: it must be >= 1")
     expected = (*q.shape[:-1], v_cur.shape[-1])
     if attended is not None and tuple(attended.shape) != expected:
         raise ValueError(f"attended with shape {tuple(attended.shape)} is not allowed: expected {expected} "
                          "(B, H, Q, Dv), the attention output of these inputs")
-    scale = resolve_scale(scale, q.shape[-1])
     batch, heads, n_q, _ = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     device = q.device
