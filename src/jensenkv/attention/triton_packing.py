@@ -141,9 +141,11 @@ def _readable(seg: Segment, index: int, name: str) -> RTNTensor | None:
 
 
 def _full_precision(seg: Segment, name: str) -> torch.Tensor:
-    """(B, H, K, D) full-precision keys or values of a segment as stored (no dequantized copy)."""
+    """(B, H, K, D) full-precision keys or values of a segment as stored (no dequantized copy): the ones
+    ``_readable`` returned None for, a FullPrecisionTensor or a GivenTensor without steps."""
     stored = seg.stored(name)
-    return stored.data if isinstance(stored, (FullPrecisionTensor, GivenTensor)) else seg.dequantized(name)
+    assert isinstance(stored, (FullPrecisionTensor, GivenTensor)), type(stored)
+    return stored.data
 
 
 # A run's keys with their values: RTN values, or a (B, Hkv, K_i, Dv) tensor of full-precision ones (values=none)
