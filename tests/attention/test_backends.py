@@ -109,3 +109,11 @@ def test_a_stand_in_keeps_the_names_capabilities_and_is_put_back(monkeypatch):
         assert get_backend("triton") is spy and reads_kv_heads("triton")
     assert get_backend("triton") is triton_cached_attention
     assert ATTENTION_BACKENDS.backend("triton").kernel is not triton_cached_attention  # the kernel behind it
+
+
+def test_another_name_for_a_registered_entry_keeps_its_capabilities(monkeypatch):
+    from jensenkv.attention import triton_cached_attention
+
+    monkeypatch.setitem(ATTENTION_BACKENDS, "fused", triton_cached_attention)
+    assert ATTENTION_BACKENDS.capabilities("fused") == ATTENTION_BACKENDS.capabilities("triton")
+    assert get_backend("fused") is triton_cached_attention

@@ -9,7 +9,7 @@ checked entry point; a new backend is one more ``register_backend`` (docs/ARCHIT
 from __future__ import annotations
 
 from jensenkv.attention import cpu, reference, flex, triton_kernel  # noqa: F401 - registers, in this order
-from jensenkv.attention.registry import ATTENTION_BACKENDS, AttentionFn, get_backend, listed  # noqa: F401
+from jensenkv.attention.registry import ATTENTION_BACKENDS, AttentionFn, Capabilities, get_backend, listed  # noqa: F401
 from jensenkv.checks import fail
 
 
@@ -28,9 +28,17 @@ def causal_backends() -> tuple[str, ...]:
     return ATTENTION_BACKENDS.names(lambda c: c.causal)
 
 
+def _refusals(name: object) -> Capabilities:
+    """The capabilities of ``name``, or the defaults (no refusal) for a name not registered: the config's
+    choice check names that one."""
+    if isinstance(name, str) and name in ATTENTION_BACKENDS:
+        return ATTENTION_BACKENDS.capabilities(name)
+    return Capabilities()
+
+
 def check_backend_storage(name: str, key, value) -> None:
     """One-line ValueError when backend ``name`` cannot read a cache quantized by ``key`` / ``value`` (QuantConfigs)."""
-    limit = ATTENTION_BACKENDS.capabilities(name).storage_refusal
+    limit = _refusals(name).storage_refusal
     reason = limit(key, value) if limit is not None else None
     if reason is not None:
         readers = ATTENTION_BACKENDS.names(lambda c: c.storage_refusal is None)
@@ -39,7 +47,7 @@ def check_backend_storage(name: str, key, value) -> None:
 
 def check_backend_device(name: str, device: str) -> None:
     """One-line ValueError when backend ``name`` cannot run on ``device`` on this machine (before any model loads)."""
-    limit = ATTENTION_BACKENDS.capabilities(name).device_refusal
+    limit = _refusals(name).device_refusal
     reason = limit(device) if limit is not None else None
     if reason is not None:
         anywhere = ATTENTION_BACKENDS.names(lambda c: c.device_refusal is None)

@@ -100,6 +100,9 @@ class BackendRegistry(MutableMapping):
         if known is not None and known.name == name:  # an entry point put back (e.g. a test's undo)
             self._backends[name] = known
             return
+        if known is not None:  # another name for a registered entry point: what it can do comes along
+            self._backends[name] = Backend(name, known.kernel, known.capabilities, fn)
+            return
         previous = self._backends.get(name)
         capabilities = previous.capabilities if previous is not None else Capabilities()
         self._backends[name] = Backend(name, fn, capabilities, fn)
