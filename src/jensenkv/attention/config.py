@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from jensenkv.attention.backends import ATTENTION_BACKENDS
-from jensenkv.attention.second_order import SECOND_ORDER_BACKENDS, SECOND_ORDER_REFUSED, check_second_order
+from jensenkv.attention.backends import ATTENTION_BACKENDS, second_order_backends
+from jensenkv.attention.second_order import check_second_order
 from jensenkv.calibration import fail_calibration, load_calibration
 from jensenkv.checks import check_bool, check_choice, fail, is_int
 from jensenkv.correction import CORRECTIONS
@@ -25,7 +25,8 @@ class AttentionConfig:
         value, signed: a negative strength adds the bias).
     second_order: subtract b (1 - pi) instead of b (pi: the key's softmax weight in its row), which corrects
         log Z to second order where b over-corrects peaky attention (jensenkv.attention.second_order). Needs
-        correction taylor or exact; backends flex and triton refuse it (cached and reference implement it).
+        correction taylor or exact; the backends registered without it refuse it (flex and triton; cached and
+        reference implement it).
     calibration: null, or the path of a calibration file of signed per-(layer, head) strengths
         (``python -m jensenkv.calibration``, jensenkv.calibration): the effective strength of layer l, head h is
         strength x file[l][h]. A run refuses a file fitted for another model, quantizer or correction, with
@@ -81,9 +82,9 @@ class AttentionConfig:
 
     def _check_second_order(self) -> None:
         check_second_order(self.second_order, self.correction)
-        if self.second_order and self.backend in SECOND_ORDER_REFUSED:
+        if self.second_order and not ATTENTION_BACKENDS.capabilities(self.backend).second_order:
             fail("attention.second_order", self.second_order,
-                 f"with backend={self.backend!r}: true needs a backend in {SECOND_ORDER_BACKENDS}")
+                 f"with backend={self.backend!r}: true needs a backend in {second_order_backends()}")
 
     def probes_at(self, layer: int, step: int | None) -> bool:
         """Whether a probe is recorded for this layer and denoising step."""
