@@ -12,7 +12,7 @@ import pytest
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheSettings
 from jensenkv.config import RunConfig
-from jensenkv.generation import GenerationConfig, MagiScheduleConfig
+from jensenkv.generation.config import GenerationConfig, MagiScheduleConfig
 from jensenkv.models import config as model_config
 from jensenkv.models.config import ModelConfig
 from jensenkv.models.family import ModelFamily

@@ -2,7 +2,7 @@
 
     RunConfig
       model: ModelConfig            jensenkv.models.config: which network (composed from the families' nodes)
-      generation: GenerationConfig  jensenkv.generation: how a video is sampled chunk by chunk
+      generation: GenerationConfig  jensenkv.generation.config: how a video is sampled chunk by chunk
       quant: QuantConfig            jensenkv.quant.config: the key quantizer preset
       cache: CacheSettings          jensenkv.cache: values same|none, sink chunks, window, full-precision dtype
       attention: AttentionConfig    jensenkv.attention.config: backend, correction, strength, probes
@@ -34,11 +34,11 @@ from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheConfig, CacheSettings
 from jensenkv.checks import check_int, fail
 from jensenkv.eval.config import EvalConfig
-from jensenkv.generation import GenerationConfig, MagiScheduleConfig  # noqa: F401 - the generation node's own node
+from jensenkv.generation.config import GenerationConfig, MagiScheduleConfig  # noqa: F401 - the generation node's own node
 from jensenkv.models.config import ModelConfig
 from jensenkv.models.registry import family
 from jensenkv.quant.config import QuantConfig
-from jensenkv.teacher_forced import check_teacher_forced
+from jensenkv.generation.teacher_forced import check_teacher_forced
 from jensenkv.tracking import LoggerConfig
 
 

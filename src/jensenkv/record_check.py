@@ -97,7 +97,7 @@ def identity_labels(identity: Mapping[str, Any]) -> dict | None:
     from types import SimpleNamespace
 
     from jensenkv.calibration import strength_label
-    from jensenkv.generation import GenerationConfig
+    from jensenkv.generation.config import GenerationConfig
     from jensenkv.models.registry import FAMILIES
     from jensenkv.quant.config import QuantConfig
 

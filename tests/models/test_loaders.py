@@ -11,7 +11,8 @@ from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from omegaconf import OmegaConf
 
 from conftest import WAN_TEST_CONFIG
-from jensenkv.generate import GenerationConfig, generate_video
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import generate_video
 from jensenkv.models import build_adapter
 from jensenkv.models.loaders import MissingWeightsError, cast_like_diffusers, load_original_wan_checkpoint
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jensenkv.attention import PROBE_KEYS
-from jensenkv.generate import generate_video
+from jensenkv.generation.loop import generate_video
 from jensenkv.models.magi.config import MagiSampling, magi_times
 from jensenkv.models.magi.model import apply_rope
 from jensenkv.models.wan import AttentionSettings

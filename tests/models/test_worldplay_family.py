@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jensenkv.config import RunConfig
-from jensenkv.generation import GenerationConfig, MagiScheduleConfig, WorldPlaySettings
+from jensenkv.generation.config import GenerationConfig, MagiScheduleConfig, WorldPlaySettings
 from jensenkv.models.config import ModelConfig
 from jensenkv.models.registry import family
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheConfig, CacheSettings
-from jensenkv.generation import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.config import ModelConfig, as_model_config
 from jensenkv.models.registry import family
 

@@ -181,7 +181,7 @@ class ModelFamily:
         return None
 
     def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
-        """The chunk-wise adapter (jensenkv.generate.ChunkwiseModel) of ``model`` with that cache,
+        """The chunk-wise adapter (jensenkv.generation.loop.ChunkwiseModel) of ``model`` with that cache,
         attention settings and sampler."""
         raise NotImplementedError
 

@@ -156,7 +156,7 @@ class Runner:
 
         import torch
 
-        from jensenkv.generate import generate_videos
+        from jensenkv.generation.loop import generate_videos
         from jensenkv.attention.config import AttentionConfig
         from jensenkv.tracking import atomic_write, config_hash
 
@@ -184,7 +184,7 @@ class Runner:
 
     def generate(self, jobs: list[tuple[str, int]]) -> list[tuple[Any, list[dict] | None, dict, dict]]:
         """(uint8 video, probes, timings, cache stats) of the quantized run, per (prompt, seed), as one batch."""
-        from jensenkv.generate import generate_videos
+        from jensenkv.generation.loop import generate_videos
         attention = self.spec.attention  # probes on iff eval.metrics has "attention"
         self.adapter.configure(cache=self.spec.cache_config(keep_reference=attention.probes), attention=attention)
         results = generate_videos(self.adapter, [p for p, _ in jobs], [s for _, s in jobs])
@@ -198,7 +198,7 @@ class Runner:
 
     def teacher_forced(self, jobs: list[tuple[str, int]]) -> list[tuple[dict, dict, list[dict]]]:
         """(metrics, missing, per-chunk rows) of teacher-forced fidelity per (prompt, seed): each chunk read with
-        the BF16 run's own history, the run's cache against the full-precision one (``jensenkv.teacher_forced``);
+        the BF16 run's own history, the run's cache against the full-precision one (``jensenkv.generation.teacher_forced``);
         PSNR between the two decoded clean chunks (float frames), mean over chunks >= 1."""
         import dataclasses
         import math
@@ -206,7 +206,7 @@ class Runner:
         from jensenkv.attention.config import AttentionConfig
         from jensenkv.eval.fidelity import video_psnr
         from jensenkv.models import build_adapter
-        from jensenkv.teacher_forced import teacher_forced_chunks
+        from jensenkv.generation.teacher_forced import teacher_forced_chunks
 
         spec = self.spec
         if self._reference_adapter is None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from jensenkv.cache import CacheConfig
-from jensenkv.generation import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.magi.adapter import MagiChunkwiseAdapter
 from jensenkv.models.magi.config import PRESET_VARIANTS, SPATIAL_DOWNSAMPLE, MagiModelConfig, MagiSampling, model_preset
 from jensenkv.models.magi.model import MagiDiT

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from jensenkv.generation import T_SCHEDULES, MagiScheduleConfig
+from jensenkv.generation.config import T_SCHEDULES, MagiScheduleConfig
 
 FFN_KINDS = ("gelu", "swiglu")
 

@@ -1,7 +1,7 @@
 """Drive HY-WorldPlay chunk by chunk: the generator's ``ChunkwiseModel`` protocol on the transformer and caches
 (``jensenkv.models.worldplay.model`` / ``cache``), WorldPlay's ``_ar_rollout_inner``.
 
-``jensenkv.generate.generate_video`` draws each chunk's noise, runs the Euler steps on WorldPlay's float32
+``jensenkv.generation.loop.generate_video`` draws each chunk's noise, runs the Euler steps on WorldPlay's float32
 schedule (``noise_levels``), keeps latents in ``latent_dtype`` between steps and combines CFG; here:
 * ``set_prompt``: the prompt's (image, trajectory) (``generation.worldplay``: its scene or the defaults), the
   cameras and actions of every latent frame, the first frame's latent in frame 0 of the condition channels
@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generation import GenerationConfig, WorldPlaySettings
+from jensenkv.generation.config import GenerationConfig, WorldPlaySettings
+from jensenkv.generation.loop import ChunkwiseAdapterBase
 from jensenkv.models.worldplay.memory import MemorySelector, MemorySettings
 from jensenkv.models.worldplay.schedule import model_timestep, worldplay_sigmas
 from jensenkv.models.worldplay.trajectory import Trajectory, load_trajectory
@@ -37,10 +38,9 @@ def memory_settings(wp: WorldPlaySettings, chunk_frames: int) -> MemorySettings:
                           fov_radius=wp.fov_radius, fov_seed=wp.fov_seed)
 
 
-class WorldPlayChunkwiseAdapter:
-    """HY-WorldPlay transformer + encoders + VAE behind the generator's protocol (one video at a time)."""
-
-    batches_branches = False
+class WorldPlayChunkwiseAdapter(ChunkwiseAdapterBase):
+    """HY-WorldPlay transformer + encoders + VAE behind the generator's ``ChunkwiseModel`` contract (one video
+    at a time, one forward per CFG branch)."""
 
     def __init__(self, model: Any, encode_prompt: Any, vae: Any, latent_frame_shape: tuple[int, int, int],
                  pixel_size: tuple[int, int], generation: GenerationConfig, cache: CacheConfig, attention: Any = None,
@@ -56,7 +56,6 @@ class WorldPlayChunkwiseAdapter:
         self.pixel_size = pixel_size
         self.generation = generation
         self.settings = generation.worldplay if generation.worldplay is not None else WorldPlaySettings()
-        self.clean_range = None
         self.image_seed = image_seed
         self.tiny = tiny
         self.latent_dtype = None if self.settings.latent_dtype == "float32" else _DTYPES[self.settings.latent_dtype]

@@ -47,7 +47,7 @@ class WorldPlayNode(CheckpointNode):
 
 def worldplay_settings(generation: Any) -> Any:
     """The run's ``generation.worldplay`` (the family requires it: ``check_generation``)."""
-    from jensenkv.generation import WorldPlaySettings
+    from jensenkv.generation.config import WorldPlaySettings
 
     return generation.worldplay if generation.worldplay is not None else WorldPlaySettings()
 

@@ -12,11 +12,11 @@ in-flight chunks attend to the committed (quantized) cache and block-causally to
 chunks (full precision, never corrected). The oldest chunk leaves the window after its last step and is
 committed then, before the next tick. window_size = 1 is the plain one-chunk-at-a-time loop.
 
-The loop is model-agnostic: an adapter (see ``jensenkv.models.wan.ChunkwiseAdapter``) provides
-``reset``, ``set_prompt``, ``denoise_window``, ``commit``, ``decode``, ``latent_frame_shape`` and
-``clean_range``; the schedule is the adapter's ``generation`` config unless the caller passes another.
-``generate_videos`` runs a batch of videos in lock step where the adapter has ``set_prompts`` (and, with
-``batches_branches``, the CFG branches in the same forward), each video exactly what it is alone.
+The loop is model-agnostic: it drives any adapter with the ``ChunkwiseModel`` contract (every adapter
+subclasses ``ChunkwiseAdapterBase``, which gives the optional parts their defaults); the schedule is the
+adapter's ``generation`` config unless the caller passes another. ``generate_videos`` runs a batch of videos in
+lock step where the adapter ``batches_videos`` (and, with ``batches_branches``, the CFG branches in the same
+forward), each video exactly what it is alone.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 import torch
 
-from jensenkv.generation import SAMPLERS, GenerationConfig, check_kv_range  # noqa: F401 - re-exported
+from jensenkv.cache import CacheConfig, ChunkedKVCache
+from jensenkv.generation.config import GenerationConfig, check_kv_range
 
 def flow_sigmas(steps: int, shift: float) -> torch.Tensor:
     """(steps + 1,) noise levels from 1 to 0 on the shifted schedule shift*s / (1 + (shift-1)*s) (Wan/SD3)."""
@@ -40,25 +41,136 @@ def flow_sigmas(steps: int, shift: float) -> torch.Tensor:
 
 
 class ChunkwiseModel(Protocol):
-    """What ``generate_video`` needs from a model adapter."""
+    """Everything the loop (``generate_videos``), teacher-forced fidelity and the runner call on a model adapter.
+
+    ``ChunkwiseAdapterBase`` gives the defaults of the optional parts; every adapter subclasses it.
+    Tensors: latents (B, C, n*F, H, W) of n consecutive chunks of F latent frames each; velocities the same
+    shape, float32, in the flow convention v = eps - x0.
+    """
 
     generation: GenerationConfig              # the model's sampling defaults
     latent_frame_shape: tuple[int, int, int]  # (C, H, W) of one latent frame
     clean_range: tuple[float, float] | None   # clamp committed chunks to this range (pixel-space models)
-    device: torch.device
-    quantize_seconds: float | None  # None unless the adapter times its commits (time_quantize)
+    batches_branches: bool  # denoise_branches / commit_branches run every CFG branch in one forward
+    batches_videos: bool    # set_prompts takes several prompts: B > 1 videos in lock step
+    latent_dtype: torch.dtype | None  # latents stored between steps in this dtype (None: float32 throughout)
 
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def quantize_seconds(self) -> float | None: ...  # since reset; None unless the adapter times its commits
+
+    def configure(self, cache: CacheConfig | None = None, attention: Any = None) -> None: ...
     def reset(self) -> None: ...
-    def set_prompt(self, prompt: str, negative_prompt: str | None) -> None: ...
-    def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int, branch: str, *,
-                       steps: Sequence[int | None] | None = None,
-                       kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor: ...
-    def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str, *,
-               kv_range: int | None = None) -> None: ...
-    def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
+    def caches(self, branch: str = "cond") -> list[ChunkedKVCache]: ...
+    def reserve_caches(self, config: GenerationConfig, branches: Sequence[str]) -> None: ...
     def probes(self) -> list[dict] | None: ...
-    # optional: ``reserve_caches(config, branches)``, called once the prompt is set, sizes every cache it will
-    # fill for the video ``config`` generates (``ChunkedKVCache.reserve``)
+    def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None: ...
+    def set_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> None: ...
+    def noise_levels(self, config: GenerationConfig) -> torch.Tensor: ...
+    def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int, branch: str = "cond",
+                       *, steps: Sequence[int | None] | None = None,
+                       kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor: ...
+    def denoise_branches(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int,
+                         branches: Sequence[str], *, steps: Sequence[int | None] | None = None,
+                         kv_ranges: Sequence[int | None] | None = None) -> dict[str, torch.Tensor]: ...
+    def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str = "cond", *,
+               kv_range: int | None = None) -> None: ...
+    def commit_branches(self, clean_chunk: torch.Tensor, chunk_index: int, branches: Sequence[str], *,
+                        kv_range: int | None = None) -> None: ...
+    def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
+
+
+class ChunkwiseAdapterBase:
+    """The defaults of the ``ChunkwiseModel`` contract, and the argument checks every adapter shares.
+
+    A subclass sets ``generation``, ``latent_frame_shape`` and ``device`` and defines ``configure``, ``reset``,
+    ``caches``, ``denoise_window``, ``commit``, ``decode`` and ``set_prompts`` (a batch of videos) or
+    ``set_prompt`` (one video at a time). The rest has a default here: plain flow sigmas, float32 latents, one
+    forward per CFG branch, no batch of videos, no cache sizing ahead, no probes, untimed commits.
+    """
+
+    clean_range: tuple[float, float] | None = None
+    batches_branches: bool = False
+    batches_videos: bool = False
+    latent_dtype: torch.dtype | None = None
+
+    @property
+    def quantize_seconds(self) -> float | None:
+        return None
+
+    def configure(self, cache: CacheConfig | None = None, attention: Any = None) -> None:
+        """Swap the cache and/or attention settings (None: keep them); clears the caches, the model stays."""
+        raise NotImplementedError(f"{type(self).__name__} does not define configure")
+
+    def reset(self) -> None:
+        """Start a new video: empty caches, no probes, zero timers."""
+        raise NotImplementedError(f"{type(self).__name__} does not define reset")
+
+    def caches(self, branch: str = "cond") -> list[ChunkedKVCache]:
+        """The branch's cache of every self-attention layer, in layer order."""
+        raise NotImplementedError(f"{type(self).__name__} does not define caches")
+
+    def reserve_caches(self, config: GenerationConfig, branches: Sequence[str]) -> None:
+        """Size every cache the video ``config`` generates will fill (``ChunkedKVCache.reserve_chunks``), once
+        the prompt is set; the default leaves them to grow."""
+
+    def probes(self) -> list[dict] | None:
+        """One dict per (layer, step, chunk, branch[, sample]) since ``reset`` when probes are on; None: off."""
+        return None
+
+    def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None:
+        """One video: ``set_prompts([prompt])``."""
+        self.set_prompts([prompt], negative_prompt)
+
+    def set_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> None:
+        """One prompt per video of the batch (and the negative one, shared, for CFG's "uncond" branch)."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither set_prompt nor set_prompts")
+
+    @staticmethod
+    def check_prompts(prompts: Sequence[str]) -> None:
+        if isinstance(prompts, str) or not prompts:
+            raise ValueError(f"prompts={prompts!r} is not allowed: give a non-empty list, one prompt per video")
+
+    def noise_levels(self, config: GenerationConfig) -> torch.Tensor:
+        """(steps + 1,) noise levels from 1 to 0: the shifted flow schedule (``flow_sigmas``)."""
+        return flow_sigmas(config.steps, config.shift)
+
+    def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str = "cond", *,
+                step: int | None = None, kv_range: int | None = None) -> torch.Tensor:
+        """Velocity of one noisy chunk (B, C, F, H, W) at flow time t: ``denoise_window`` of one chunk."""
+        return self.denoise_window(chunk, [t], chunk_index, branch, steps=[step], kv_ranges=[kv_range])
+
+    def denoise_branches(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int,
+                         branches: Sequence[str], *, steps: Sequence[int | None] | None = None,
+                         kv_ranges: Sequence[int | None] | None = None) -> dict[str, torch.Tensor]:
+        """branch -> ``denoise_window`` of that branch (one forward each, unless ``batches_branches``)."""
+        return {b: self.denoise_window(chunks, t, first_chunk_index, b, steps=steps, kv_ranges=kv_ranges)
+                for b in branches}
+
+    def commit_branches(self, clean_chunk: torch.Tensor, chunk_index: int, branches: Sequence[str], *,
+                        kv_range: int | None = None) -> None:
+        """``commit`` into every branch's caches (one forward each, unless ``batches_branches``)."""
+        for b in branches:
+            self.commit(clean_chunk, chunk_index, b, kv_range=kv_range)
+
+    @staticmethod
+    def window_args(chunks: torch.Tensor, t: Sequence[float], steps: Sequence[int | None] | None,
+                    kv_ranges: Sequence[int | None] | None) -> tuple[int, list[int | None], list[int | None]]:
+        """(frames per chunk, steps, kv_ranges) of ``denoise_window``'s n = len(t) chunks (B, C, n*F, H, W),
+        the optional lists filled with None; ValueError naming the argument that does not fit."""
+        n, frames = len(t), chunks.shape[2]
+        if n < 1 or frames % n:
+            raise ValueError(f"t with {n} entries is not allowed: it needs one flow time per chunk and the "
+                             f"{frames} frames must split into equal chunks")
+        steps = [None] * n if steps is None else list(steps)
+        kv_ranges = [None] * n if kv_ranges is None else list(kv_ranges)
+        for key, values in (("steps", steps), ("kv_ranges", kv_ranges)):
+            if len(values) != n:
+                raise ValueError(f"{key} with {len(values)} entries is not allowed: it needs one per chunk ({n})")
+        for r in kv_ranges:
+            check_kv_range(r)
+        return frames // n, steps, kv_ranges
 
 
 @dataclass
@@ -100,16 +212,19 @@ def generate_video(adapter: ChunkwiseModel, prompt: str, seed: int,
     return generate_videos(adapter, [prompt], [seed], config)[0]
 
 
-def _denoise(adapter: Any, x: torch.Tensor, t: list[float], first: int, branches: tuple[str, ...],
-             steps: list[int], kv_ranges: list[int | None]) -> dict[str, torch.Tensor]:
+def denoise_all_branches(adapter: ChunkwiseModel, x: torch.Tensor, t: list[float], first: int,
+                         branches: tuple[str, ...], steps: list[int],
+                         kv_ranges: list[int | None]) -> dict[str, torch.Tensor]:
     """branch -> velocity (B, C, n*F, H, W): one forward for every branch where the adapter can, else one each."""
-    if len(branches) > 1 and getattr(adapter, "batches_branches", False):
+    if len(branches) > 1 and adapter.batches_branches:
         return adapter.denoise_branches(x, t, first, branches, steps=steps, kv_ranges=kv_ranges)
     return {b: adapter.denoise_window(x, t, first, b, steps=steps, kv_ranges=kv_ranges) for b in branches}
 
 
-def _commit(adapter: Any, clean: torch.Tensor, index: int, branches: tuple[str, ...], kv_range: int | None) -> None:
-    if len(branches) > 1 and getattr(adapter, "batches_branches", False):
+def commit_all_branches(adapter: ChunkwiseModel, clean: torch.Tensor, index: int, branches: tuple[str, ...],
+                        kv_range: int | None) -> None:
+    """Commit the clean chunk (B, C, F, H, W) into every branch's caches (one forward where the adapter can)."""
+    if len(branches) > 1 and adapter.batches_branches:
         adapter.commit_branches(clean, index, branches, kv_range=kv_range)
         return
     for b in branches:
@@ -136,7 +251,7 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
     with its own seed, one (1, C, F, H, W) draw per chunk as it enters the window, plus, for "x0_renoise",
     one per re-noising step of each in-flight chunk (oldest first), so results depend neither on the
     device's RNG nor on the batch; its cache is its own (quantized per video, ``jensenkv.cache``); its
-    probes are computed on it alone. The adapter runs a batch of B > 1 only if it has ``set_prompts``.
+    probes are computed on it alone. The adapter runs a batch of B > 1 only if it ``batches_videos``.
     """
     cfg = config if config is not None else adapter.generation
     cfg.validate()
@@ -149,22 +264,19 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
     adapter.reset()
     if batch == 1:
         adapter.set_prompt(prompts[0], negative)
-    elif hasattr(adapter, "set_prompts"):
+    elif adapter.batches_videos:
         adapter.set_prompts(prompts, negative)
     else:
         raise ValueError(f"a batch of {batch} videos is not allowed for {type(adapter).__name__}: it generates "
                          "one video at a time (generation.batch_size=1)")
     # the adapter sizes each cache's buffers for what this video leaves in them (no doubling slack)
-    reserve = getattr(adapter, "reserve_caches", None)
-    if reserve is not None:
-        reserve(cfg, branches)
-    # an adapter with its own time schedule (MAGI-1: linspace^2 then shift) provides the noise levels
-    noise_levels = getattr(adapter, "noise_levels", None)
-    sigmas = (noise_levels(cfg) if noise_levels is not None else flow_sigmas(cfg.steps, cfg.shift)).tolist()
+    adapter.reserve_caches(cfg, branches)
+    # the adapter's time schedule (MAGI-1: linspace^2 then shift; default: flow_sigmas)
+    sigmas = adapter.noise_levels(cfg).tolist()
     gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     # an adapter that stores latents in a lower precision between steps (HY-WorldPlay: BF16) names the dtype;
     # the steps themselves stay float32
-    storage = getattr(adapter, "latent_dtype", None)
+    storage = adapter.latent_dtype
 
     def stored(x: torch.Tensor) -> torch.Tensor:
         return x if storage is None else x.to(storage).float()
@@ -189,7 +301,7 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
         t = [sigmas[s] for s in steps]
         x = torch.cat([in_flight[i] for i in window], dim=2)  # (B, C, n*F, H, W)
         kv_ranges = [cfg.kv_range_at(s) for s in steps]
-        v = _denoise(adapter, x, t, window[0], branches, steps, kv_ranges)
+        v = denoise_all_branches(adapter, x, t, window[0], branches, steps, kv_ranges)
         vel = v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
         for j, i in enumerate(window):
             chunk_vel = vel[:, :, j * frames:(j + 1) * frames]  # (B, C, F, H, W)
@@ -198,7 +310,7 @@ def generate_videos(adapter: ChunkwiseModel, prompts: Sequence[str], seeds: Sequ
             clean = in_flight.pop(window[0])
             if adapter.clean_range is not None:
                 clean = clean.clamp(*adapter.clean_range)
-            _commit(adapter, clean, window[0], branches, cfg.commit_kv_range)
+            commit_all_branches(adapter, clean, window[0], branches, cfg.commit_kv_range)
             chunks.append(clean.float())
             _sync(device)
             now = time.perf_counter()
