@@ -334,3 +334,39 @@ def test_staircase_agrees_across_attention_backends(backend, make_adapter, int2_
                          generation=cfg)
     ours, theirs = (generate_video(a, "a red square", seed=0).latents for a in (fast, other))
     assert float((ours - theirs).abs().max()) < 1e-5
+
+
+ADAPTER_CLASSES = ("jensenkv.models.wan.adapter:WanChunkwiseAdapter", "jensenkv.models.magi.adapter:MagiChunkwiseAdapter",
+                   "jensenkv.models.worldplay.adapter:WorldPlayChunkwiseAdapter")
+OWN_METHODS = ("configure", "reset", "caches", "denoise_window", "commit", "decode")  # the base has no default
+
+
+def test_the_contract_names_every_method_of_the_base_and_every_adapter_subclasses_it():
+    import importlib
+    import inspect
+
+    from jensenkv.generation.loop import ChunkwiseAdapterBase, ChunkwiseModel
+
+    public = {name for name, _ in inspect.getmembers(ChunkwiseAdapterBase) if not name.startswith("_")}
+    helpers = {"check_prompts", "window_args", "denoise"}  # argument checks and a convenience, not the loop's
+    contract = {name for name in dir(ChunkwiseModel) if not name.startswith("_")} | set(ChunkwiseModel.__annotations__)
+    assert public - helpers <= contract
+    assert contract - public <= {"generation", "latent_frame_shape", "device", *OWN_METHODS}
+    for path in ADAPTER_CLASSES:
+        module, name = path.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, ChunkwiseAdapterBase)
+        for method in OWN_METHODS:
+            assert getattr(cls, method) is not getattr(ChunkwiseAdapterBase, method), (name, method)
+        assert (cls.set_prompt is not ChunkwiseAdapterBase.set_prompt) or (cls.set_prompts is not
+                                                                           ChunkwiseAdapterBase.set_prompts), name
+        assert cls.batches_videos == (cls.set_prompts is not ChunkwiseAdapterBase.set_prompts), name
+
+
+def test_an_adapter_that_generates_one_video_at_a_time_refuses_a_batch(make_adapter):
+    adapter = make_adapter(generation=GenerationConfig(num_chunks=2, frames_per_chunk=2, steps=1))
+    adapter.batches_videos = False  # as HY-WorldPlay's
+    with pytest.raises(ValueError, match=r"a batch of 2 videos is not allowed for WanChunkwiseAdapter"):
+        from jensenkv.generation.loop import generate_videos
+
+        generate_videos(adapter, ["a", "b"], [0, 1])

@@ -30,6 +30,7 @@ import torch
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generation.config import GenerationConfig, check_kv_range
 
+
 def flow_sigmas(steps: int, shift: float) -> torch.Tensor:
     """(steps + 1,) noise levels from 1 to 0 on the shifted schedule shift*s / (1 + (shift-1)*s) (Wan/SD3)."""
     if steps < 1:
@@ -135,6 +136,22 @@ class ChunkwiseAdapterBase:
     def noise_levels(self, config: GenerationConfig) -> torch.Tensor:
         """(steps + 1,) noise levels from 1 to 0: the shifted flow schedule (``flow_sigmas``)."""
         return flow_sigmas(config.steps, config.shift)
+
+    def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int, branch: str = "cond",
+                       *, steps: Sequence[int | None] | None = None,
+                       kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor:
+        """Velocity (B, C, n*F, H, W) of n = len(t) consecutive noisy chunks in one forward, chunk j at noise level
+        t[j] (denoising step steps[j], seeing at most kv_ranges[j] preceding chunks), over the branch's cache."""
+        raise NotImplementedError(f"{type(self).__name__} does not define denoise_window")
+
+    def commit(self, clean_chunk: torch.Tensor, chunk_index: int, branch: str = "cond", *,
+               kv_range: int | None = None) -> None:
+        """The clean chunk (B, C, F, H, W) becomes history: its K/V enter the branch's caches (quantized once)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define commit")
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """(1, C, F, H, W) latents of one video -> (F', 3, H', W') video in [0, 1]."""
+        raise NotImplementedError(f"{type(self).__name__} does not define decode")
 
     def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str = "cond", *,
                 step: int | None = None, kv_range: int | None = None) -> torch.Tensor:

@@ -32,8 +32,9 @@ from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generation.config import GenerationConfig, check_kv_range
 from jensenkv.generation.loop import ChunkwiseAdapterBase
 from jensenkv.models.magi.attention import MagiLayerCaches, WindowAttention, WindowChunk
-from jensenkv.models.magi.config import MagiSampling, magi_noise_levels
+from jensenkv.models.magi.config import magi_noise_levels
 from jensenkv.models.magi.model import Caption, MagiDiT, range_attention
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.wan.state import AttentionSettings
 
 # encode_prompt(prompt, num_chunks) -> one (L_j, caption_channels) tensor of valid caption tokens per chunk
@@ -53,7 +54,7 @@ class MagiChunkwiseAdapter(ChunkwiseAdapterBase):
     batches_videos = True
 
     def __init__(self, model: MagiDiT, encode_prompt: PromptEncoder, latent_frame_shape: tuple[int, int, int],
-                 generation: GenerationConfig, sampling: MagiSampling, cache: CacheConfig,
+                 generation: GenerationConfig, sampling: MagiScheduleConfig, cache: CacheConfig,
                  attention: AttentionSettings | None = None, decode: Callable[[torch.Tensor], torch.Tensor] | None = None):
         generation.validate()
         sampling.validate()
