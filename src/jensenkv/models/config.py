@@ -125,7 +125,7 @@ class RunGenerationConfig(WorldPlayGenerationNode, MagiGenerationNode, Generatio
             base.__post_init__(self)
 
 
-def as_model_config(model: Any) -> Any:
+def as_model_config(model: Any) -> ModelConfig:
     """A ModelConfig from itself or a mapping of its fields (a Hydra node, a dict); unknown keys are errors."""
     if isinstance(model, ModelConfig):
         return model
