@@ -44,7 +44,8 @@ def frame_tokens(config: dict, frame: tuple[int, int, int]) -> int:
     return (frame[1] // patch[1]) * (frame[2] // patch[2])
 
 
-def tiny_adapter(cache: CacheConfig, correction: str, quick: bool = False) -> tuple[WanChunkwiseAdapter, GenerationConfig]:
+def tiny_adapter(cache: CacheConfig, correction: str,
+                 quick: bool = False) -> tuple[WanChunkwiseAdapter, GenerationConfig]:
     """The built-in model (the model=tiny preset) on the CPU; quick: 2 chunks of 2 steps."""
     from jensenkv.models.adapters import build_adapter
     from jensenkv.run import preset

@@ -1,4 +1,4 @@
-"""Drive MAGI-1 chunk by chunk over the suite's KV cache: the generator's adapter protocol.
+"""Drive MAGI-1 chunk by chunk over the suite's KV cache: the generator's ``ChunkwiseModel`` contract.
 
 ``jensenkv.generation.loop.generate_video`` runs the staircase (``window_size`` chunks in flight, per-stage
 ``kv_range``) and calls ``denoise_window`` once per tick with one branch; MAGI's own passes happen here:

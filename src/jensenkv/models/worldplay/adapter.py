@@ -1,11 +1,12 @@
-"""Drive HY-WorldPlay chunk by chunk: the generator's ``ChunkwiseModel`` protocol on the transformer and caches
+"""Drive HY-WorldPlay chunk by chunk: the generator's ``ChunkwiseModel`` contract on the transformer and caches
 (``jensenkv.models.worldplay.model`` / ``cache``), WorldPlay's ``_ar_rollout_inner``.
 
-``jensenkv.generation.loop.generate_video`` draws each chunk's noise, runs the Euler steps on WorldPlay's float32
-schedule (``noise_levels``), keeps latents in ``latent_dtype`` between steps and combines CFG; here:
-* ``set_prompt``: the prompt's (image, trajectory) (``settings``, the run's ``generation.worldplay``: its scene or the defaults), the
-  cameras and actions of every latent frame, the first frame's latent in frame 0 of the condition channels
-  (mask 1), and the text stream run once per branch (the negative prompt's in its own caches);
+``jensenkv.generation.loop.generate_video`` draws each chunk's noise, runs the Euler steps on WorldPlay's
+float32 schedule (``noise_levels``), keeps latents in ``latent_dtype`` between steps and combines CFG; here:
+* ``set_prompt``: the prompt's (image, trajectory) (``settings``, the run's ``generation.worldplay``: its scene
+  or the defaults), the cameras and actions of every latent frame, the first frame's latent in frame 0 of the
+  condition channels (mask 1), and the text stream run once per branch (the negative prompt's in its own
+  caches);
 * the first ``denoise_window`` of a chunk selects its memory (``memory.MemorySelector``) and writes it to the
   caches: ``rebuild`` runs the selected clean frames through the context pass at stabilization_level - 1
   and re-commits (re-quantizes) all of them; ``append`` commits only the frames not yet held;
