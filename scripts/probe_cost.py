@@ -18,7 +18,7 @@ import torch
 
 def _time_video(adapter, probes: bool, correction: str, seed: int) -> float:
     from jensenkv.cache import CacheConfig
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
     from jensenkv.models.wan import AttentionSettings
     from jensenkv.quant import QuantConfig
 

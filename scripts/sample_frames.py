@@ -55,7 +55,7 @@ def samples_title(model: str, seed: int) -> str:
 
 
 def build_samples(prompts: Sequence[str], seed: int) -> Figure:
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
     from jensenkv.models.adapters import build_adapter
     from jensenkv.run import preset
 

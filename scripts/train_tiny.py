@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from jensenkv.eval.content import content_accuracy
-from jensenkv.generate import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.tiny import load_tiny, save_tiny
 from jensenkv.models.tiny.config import (
     CONFIG_FILE,

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from jensenkv.generate import GenerationConfig, generate_video, generate_videos
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import generate_video, generate_videos
 
 TOLERANCE = 2e-5
 DIAGNOSTIC_TOLERANCE = 1e-4  # em_* diagnostics: a few INT2 codes flipped by last-bit GEMM differences

@@ -58,18 +58,18 @@ def tiny_wan_model() -> Callable[..., torch.nn.Module]:
 @pytest.fixture
 def tiny_wan_adapter(tiny_wan_model):
     """Factory: ``make(cls=..., cache=None, attention=None, generation=None, seed=0, fps=24, **model_overrides)``,
-    a ChunkwiseAdapter over a fresh tiny transformer (float32 cache unless ``cache`` is given; ``fps`` is read
+    a WanChunkwiseAdapter over a fresh tiny transformer (float32 cache unless ``cache`` is given; ``fps`` is read
     only with the model override ``inject_sample_info=True``)."""
     from diffusers import SkyReelsV2Transformer3DModel
 
-    from jensenkv.generate import GenerationConfig
+    from jensenkv.generation.config import GenerationConfig
     from jensenkv.models.adapters import full_precision_cache
-    from jensenkv.models.wan import ChunkwiseAdapter
+    from jensenkv.models.wan import WanChunkwiseAdapter
 
     def make(cls=SkyReelsV2Transformer3DModel, cache=None, attention=None, generation=None, seed: int = 0,
              fps: int = 24, **model_overrides):
         generation = generation if generation is not None else GenerationConfig(frames_per_chunk=2, steps=2)
-        return ChunkwiseAdapter(tiny_wan_model(cls, seed, **model_overrides), encode_prompt, WAN_FRAME, generation,
+        return WanChunkwiseAdapter(tiny_wan_model(cls, seed, **model_overrides), encode_prompt, WAN_FRAME, generation,
                                 cache if cache is not None else full_precision_cache("float32"), attention,  # exact oracle checks
                                 fps=fps)
 

@@ -1,6 +1,6 @@
 """Shared helpers for the pipeline tests: random-init tiny weights and a small, real results store.
 
-Everything runs the real generator (jensenkv.generate on the tiny SkyReels-V2 architecture) with random
+Everything runs the real generator (jensenkv.generation.loop on the tiny SkyReels-V2 architecture) with random
 weights at 2 chunks x 2 steps on CPU, so a run takes about a second.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ FAST = ("model.device=cpu", "generation.steps=2", "generation.num_chunks=2", "ev
 def write_random_tiny_weights(folder: Path, **sampler) -> Path:
     """Random-init weights in the tiny model's on-disk format (config.json + model.safetensors);
     ``sampler`` overrides the stored sampler defaults (e.g. steps=2, num_chunks=2)."""
-    from jensenkv.generate import GenerationConfig
+    from jensenkv.generation.config import GenerationConfig
     from jensenkv.models.tiny import save_tiny
     from jensenkv.models.tiny.config import build_transformer, default_transformer_config
     from jensenkv.models.tiny.data import DataConfig

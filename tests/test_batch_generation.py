@@ -14,7 +14,8 @@ import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generate import GenerationConfig, generate_videos
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import generate_videos
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 from batch_testkit import batch_errors, within_tolerance

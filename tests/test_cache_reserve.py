@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generate import generate_video
+from jensenkv.generation.loop import generate_video
 from jensenkv.models.adapters import build_adapter
 from jensenkv.quant import QuantConfig
 from jensenkv.run import preset

@@ -6,16 +6,18 @@ import builtins
 import contextlib
 import dataclasses
 import pathlib
+import typing
 
 import pytest
 
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheSettings
 from jensenkv.config import RunConfig
-from jensenkv.generation import GenerationConfig, MagiScheduleConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models import config as model_config
-from jensenkv.models.config import ModelConfig
+from jensenkv.models.config import ModelConfig, RunGenerationConfig
 from jensenkv.models.family import ModelFamily
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.registry import FAMILIES, family
 from jensenkv.quant.config import QuantConfig
 
@@ -68,7 +70,7 @@ TREES = {
                                                      path="Org/Not-Cached", height=64, width=64)),
     "magi": lambda: RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="4.5B", path="/nowhere",
                                                 height=720, width=720),
-                              generation=GenerationConfig(magi=MagiScheduleConfig())),
+                              generation=RunGenerationConfig(magi=MagiScheduleConfig())),
 }
 
 
@@ -94,6 +96,38 @@ def test_model_config_is_the_families_fields_plus_the_common_ones():
         others = own - set(fam.fields())
         with pytest.raises(ValueError, match=rf"kind={fam.kind} does not read it"):
             ModelConfig(kind=fam.kind, device="cpu", **{sorted(others)[0]: 1})
+
+
+def _field_specs(node: type) -> dict[str, tuple]:
+    """name -> (type, default) of a node dataclass (a default factory's value stands for its default)."""
+    hints = typing.get_type_hints(node)
+    return {f.name: (hints[f.name], f.default_factory() if f.default is dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(node)}
+
+
+@pytest.mark.parametrize("composed, node_of", [(ModelConfig, lambda fam: fam.node),
+                                               (RunGenerationConfig, lambda fam: fam.generation_node)])
+def test_every_registered_familys_nodes_are_bases_and_shared_fields_agree(composed, node_of):
+    nodes = [node_of(fam) for fam in FAMILIES.values() if node_of(fam) is not None]
+    assert nodes and all(node in composed.__bases__ for node in nodes)
+    merged = _field_specs(composed)
+    for node in nodes:  # a field two families share (or the composed node and a family) has one type and default
+        for name, spec in _field_specs(node).items():
+            assert merged[name] == spec, (node.__name__, name)
+
+
+def test_the_composed_nodes_keep_the_field_order_run_ids_were_hashed_in():
+    """ModelBase then each family's fields in registry order; the loop's fields then each family's node."""
+    model_order = [f.name for f in dataclasses.fields(model_config.ModelBase)]
+    generation_order = [f.name for f in dataclasses.fields(GenerationConfig)]
+    for fam in FAMILIES.values():
+        model_order += [name for name in fam.fields() if name not in model_order]
+        if fam.generation_node is not None:
+            generation_order.append(fam.generation_key())
+    assert [f.name for f in dataclasses.fields(ModelConfig)] == model_order
+    assert [f.name for f in dataclasses.fields(RunGenerationConfig)] == generation_order
+    assert list(ModelConfig(device="cpu").to_dict()) == [n for n in model_order if n not in model_config.LATER_FIELDS]
+    assert list(RunGenerationConfig().sampling()) == [n for n in generation_order if n not in ("batch_size", "worldplay")]
 
 
 def test_two_families_declaring_one_field_differently_are_refused(monkeypatch):
@@ -124,12 +158,12 @@ def test_a_family_refuses_a_backend_it_cannot_use(monkeypatch):
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
     assert not any(fam.refused_backends for fam in FAMILIES.values())
     for backend in ("triton", "cached", "flex", "reference"):
-        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule()),
+        RunConfig(model=magi, generation=RunGenerationConfig(magi=tiny_schedule()),
                   attention=AttentionConfig(backend=backend))
     monkeypatch.setattr(type(family("magi")), "refused_backends", {"triton": "a reason"})
     with pytest.raises(ValueError, match=r"^attention.backend='triton' is not allowed: model.kind=magi cannot use it "
                                          r"\(a reason\); it allows \('cached', 'reference', 'flex'\)$"):
-        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule()),
+        RunConfig(model=magi, generation=RunGenerationConfig(magi=tiny_schedule()),
                   attention=AttentionConfig(backend="triton"))
 
 
@@ -165,7 +199,7 @@ def test_resolve_reads_the_geometry_the_checks_need(tmp_path):
     from jensenkv.spec import resolve
 
     tree = RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny", latent_height=8),
-                     generation=GenerationConfig(magi=tiny_schedule()), quant=QuantConfig(bits=2, group_size=64))
+                     generation=RunGenerationConfig(magi=tiny_schedule()), quant=QuantConfig(bits=2, group_size=64))
     with pytest.raises(ValueError, match="must divide head_dim=32"):
         resolve(tree)
     spec = resolve(dataclasses.replace(tree, quant=QuantConfig(bits=2, group_size=32)))
@@ -182,7 +216,7 @@ def test_content_recovery_is_limited_to_the_built_in_model_by_default():
 @pytest.mark.parametrize("value", [0, -1, "many", 1.5, True])
 def test_a_bad_batch_size_is_one_line(value):
     with pytest.raises(ValueError, match=r"generation.batch_size=.* is not allowed: use \"auto\" or an integer >= 1"):
-        GenerationConfig(batch_size=value)
+        RunGenerationConfig(batch_size=value)
 
 
 def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
@@ -193,14 +227,14 @@ def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
 
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
     assert [kind for kind, fam in FAMILIES.items() if not fam.batches] == ["worldplay"]
-    RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule(), batch_size=2))
+    RunConfig(model=magi, generation=RunGenerationConfig(magi=tiny_schedule(), batch_size=2))
     monkeypatch.setattr(type(family("magi")), "batches", False)
     with pytest.raises(ValueError, match=r"generation.batch_size=2 is not allowed: model.kind=magi generates one "
                                          r"video at a time"):
-        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule(), batch_size=2))
+        RunConfig(model=magi, generation=RunGenerationConfig(magi=tiny_schedule(), batch_size=2))
     for size in ("auto", 1):
-        RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule(), batch_size=size))
-    auto = resolve(RunConfig(model=magi, generation=GenerationConfig(magi=tiny_schedule())))
+        RunConfig(model=magi, generation=RunGenerationConfig(magi=tiny_schedule(), batch_size=size))
+    auto = resolve(RunConfig(model=magi, generation=RunGenerationConfig(magi=tiny_schedule())))
     assert family("magi").auto_batch_size(auto, "cpu") == 1  # auto: one video at a time there
 
 
@@ -208,7 +242,7 @@ def test_the_batch_size_changes_no_run_id(tmp_path):
     from jensenkv.spec import resolve
 
     ids = {size: resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu"),
-                                   generation=GenerationConfig(batch_size=size))).run_id for size in ("auto", 1, 7)}
+                                   generation=RunGenerationConfig(batch_size=size))).run_id for size in ("auto", 1, 7)}
     assert len(set(ids.values())) == 1, ids
 
 
@@ -218,5 +252,5 @@ def test_auto_batch_size_on_a_cpu_is_the_familys_measured_default():
     spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
     assert family("tiny").auto_batch_size(spec, "cpu") == family("tiny").cpu_batch_size > 1
     magi = resolve(RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny"),
-                             generation=GenerationConfig(magi=tiny_schedule())))
+                             generation=RunGenerationConfig(magi=tiny_schedule())))
     assert family("magi").auto_batch_size(magi, "cpu") == family("magi").cpu_batch_size > 1

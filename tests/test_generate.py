@@ -7,14 +7,15 @@ import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 
 from jensenkv.cache import CacheConfig
-from jensenkv.generate import GenerationConfig, flow_sigmas, generate_video
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import flow_sigmas, generate_video
 from jensenkv.models.loaders import cast_like_diffusers
 from jensenkv.models.adapters import full_precision_cache
 from jensenkv.models.tiny.config import build_transformer, default_transformer_config
 from jensenkv.models.tiny.data import COLOURS, SHAPES
 from jensenkv.models.tiny.sampling import sample_block_causal
 from jensenkv.models.tiny.text import TextConfig, build_text
-from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
+from jensenkv.models.wan import AttentionSettings, WanChunkwiseAdapter
 
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=5.0)
 
@@ -23,7 +24,7 @@ GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, gui
 def make_adapter(tiny_wan_adapter):
     """Factory: a tiny adapter whose sampling defaults are GEN unless ``generation`` is given."""
     def make(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
-             attention: AttentionSettings | None = None, generation: GenerationConfig = GEN) -> ChunkwiseAdapter:
+             attention: AttentionSettings | None = None, generation: GenerationConfig = GEN) -> WanChunkwiseAdapter:
         return tiny_wan_adapter(cls, cache, attention, generation)
 
     return make
@@ -126,7 +127,7 @@ def test_matches_the_tiny_models_block_causal_sampler():
     with torch.no_grad():
         reference = sample_block_causal(transformer, text_encoder, tokenizer, [prompt], seed=5, sampler=sampler)
     gen = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=2.0, guidance_scale=3.0)
-    adapter = ChunkwiseAdapter(transformer, lambda p: text_encoder(tokenizer(p)), (3, 16, 16), gen,
+    adapter = WanChunkwiseAdapter(transformer, lambda p: text_encoder(tokenizer(p)), (3, 16, 16), gen,
                                full_precision_cache("float32"), clean_range=(-1.0, 1.0))
     ours = generate_video(adapter, prompt, seed=5)
     assert ours.video.shape == reference[0].shape
@@ -149,7 +150,7 @@ def test_bfloat16_model_runs_end_to_end(make_adapter, int2_cache):
 
 # --- MAGI-1's pipelined staircase (window_size chunks in flight) ---------------------------------------------
 
-def sequential_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
+def sequential_reference(adapter: WanChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
     """One chunk at a time, written out with one forward per step for both CFG branches (as the generator
     runs them): (1, C, F_total, H, W) clean latents."""
     branches = ("cond", "uncond") if cfg.use_cfg else ("cond",)
@@ -175,7 +176,7 @@ def sequential_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg:
     return torch.cat(chunks, dim=2)
 
 
-def staircase_reference(adapter: ChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
+def staircase_reference(adapter: WanChunkwiseAdapter, prompt: str, seed: int, cfg: GenerationConfig) -> torch.Tensor:
     """The staircase by definition, without a cache: each tick is one block-causal full forward over
     [committed clean chunks at t = 0, in-flight chunks at their own t]. Euler, no CFG, no kv-range."""
     adapter.reset()
@@ -333,3 +334,39 @@ def test_staircase_agrees_across_attention_backends(backend, make_adapter, int2_
                          generation=cfg)
     ours, theirs = (generate_video(a, "a red square", seed=0).latents for a in (fast, other))
     assert float((ours - theirs).abs().max()) < 1e-5
+
+
+ADAPTER_CLASSES = ("jensenkv.models.wan.adapter:WanChunkwiseAdapter", "jensenkv.models.magi.adapter:MagiChunkwiseAdapter",
+                   "jensenkv.models.worldplay.adapter:WorldPlayChunkwiseAdapter")
+OWN_METHODS = ("configure", "reset", "caches", "denoise_window", "commit", "decode")  # the base has no default
+
+
+def test_the_contract_names_every_method_of_the_base_and_every_adapter_subclasses_it():
+    import importlib
+    import inspect
+
+    from jensenkv.generation.loop import ChunkwiseAdapterBase, ChunkwiseModel
+
+    public = {name for name, _ in inspect.getmembers(ChunkwiseAdapterBase) if not name.startswith("_")}
+    helpers = {"check_prompts", "window_args", "denoise"}  # argument checks and a convenience, not the loop's
+    contract = {name for name in dir(ChunkwiseModel) if not name.startswith("_")} | set(ChunkwiseModel.__annotations__)
+    assert public - helpers <= contract
+    assert contract - public <= {"generation", "latent_frame_shape", "device", *OWN_METHODS}
+    for path in ADAPTER_CLASSES:
+        module, name = path.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, ChunkwiseAdapterBase)
+        for method in OWN_METHODS:
+            assert getattr(cls, method) is not getattr(ChunkwiseAdapterBase, method), (name, method)
+        assert (cls.set_prompt is not ChunkwiseAdapterBase.set_prompt) or (cls.set_prompts is not
+                                                                           ChunkwiseAdapterBase.set_prompts), name
+        assert cls.batches_videos == (cls.set_prompts is not ChunkwiseAdapterBase.set_prompts), name
+
+
+def test_an_adapter_that_generates_one_video_at_a_time_refuses_a_batch(make_adapter):
+    adapter = make_adapter(generation=GenerationConfig(num_chunks=2, frames_per_chunk=2, steps=1))
+    adapter.batches_videos = False  # as HY-WorldPlay's
+    with pytest.raises(ValueError, match=r"a batch of 2 videos is not allowed for WanChunkwiseAdapter"):
+        from jensenkv.generation.loop import generate_videos
+
+        generate_videos(adapter, ["a", "b"], [0, 1])

@@ -15,7 +15,7 @@ LAYERS = (
     ("foundation", ("jensenkv", "checks", "exit_codes", "machine", "hashing", "readiness", "calibration", "quant", "correction")),
     ("cache", ("cache",)),
     ("attention", ("attention",)),
-    ("generation", ("generation", "generate", "teacher_forced")),
+    ("generation", ("generation",)),
     ("models", ("models", "llm")),
     ("eval", ("eval",)),
     ("store", ("store",)),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import jensenkv.generate
+import jensenkv.generation.loop
 import jensenkv.run as run_module
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
 from jensenkv.report.store_frame import load_results
@@ -30,13 +30,13 @@ def weights(tmp_path_factory):
 def count_generations(monkeypatch):
     """Count the videos the real generator makes (it still runs): one entry per video of each batch."""
     calls: list[str] = []
-    real = jensenkv.generate.generate_videos
+    real = jensenkv.generation.loop.generate_videos
 
     def counting(adapter, prompts, *args, **kwargs):
         calls.extend(prompts)
         return real(adapter, prompts, *args, **kwargs)
 
-    monkeypatch.setattr(jensenkv.generate, "generate_videos", counting)
+    monkeypatch.setattr(jensenkv.generation.loop, "generate_videos", counting)
     return calls
 
 
@@ -89,7 +89,7 @@ def test_content_is_scored_for_bf16_and_quantized_runs_and_missing_outside_the_g
 def test_metrics_equal_a_direct_recomputation(tmp_path, weights):
     """Regenerate both videos by hand with the generator and score them: the record must agree exactly."""
     from jensenkv.eval.fidelity import video_psnr, video_ssim
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
     from jensenkv.models import build_adapter
     from jensenkv.models.wan import AttentionSettings
 
@@ -368,8 +368,8 @@ def test_a_batched_run_records_what_one_video_at_a_time_records(tmp_path, weight
     """The same run at batch 1 and at a batch larger than its videos (clipped to 2): one run id, per-video
     records that agree to float32 rounding, and the batched run made its two videos in one call each."""
     batches: list[int] = []
-    real = jensenkv.generate.generate_videos
-    monkeypatch.setattr(jensenkv.generate, "generate_videos",
+    real = jensenkv.generation.loop.generate_videos
+    monkeypatch.setattr(jensenkv.generation.loop, "generate_videos",
                         lambda adapter, prompts, *a, **k: batches.append(len(prompts)) or real(adapter, prompts, *a, **k))
     records = {}
     for size in ("1", "50"):
@@ -391,7 +391,7 @@ def test_a_batch_that_does_not_fit_names_the_batch_size(tmp_path, weights, monke
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(jensenkv.generate, "generate_videos", out_of_memory)
+    monkeypatch.setattr(jensenkv.generation.loop, "generate_videos", out_of_memory)
     overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2", "generation.batch_size=8")
     with pytest.raises(ValueError, match=r"generation.batch_size=8: a batch of 2 videos does not fit on cpu "
                                          r"\(CUDA out of memory.*\); use generation.batch_size=1"):

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from jensenkv.generate import GenerationConfig, generate_video
-from jensenkv.teacher_forced import teacher_forced_chunks
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import generate_video
+from jensenkv.generation.teacher_forced import teacher_forced_chunks
 
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=5.0)
 PROMPT = "a red square"

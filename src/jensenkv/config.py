@@ -2,7 +2,8 @@
 
     RunConfig
       model: ModelConfig            jensenkv.models.config: which network (composed from the families' nodes)
-      generation: GenerationConfig  jensenkv.generation: how a video is sampled chunk by chunk
+      generation: RunGenerationConfig  jensenkv.models.config: how a video is sampled chunk by chunk (the loop's
+                                    GenerationConfig plus the families' nodes)
       quant: QuantConfig            jensenkv.quant.config: the key quantizer preset
       cache: CacheSettings          jensenkv.cache: values same|none, sink chunks, window, full-precision dtype
       attention: AttentionConfig    jensenkv.attention.config: backend, correction, strength, probes
@@ -34,11 +35,10 @@ from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheConfig, CacheSettings
 from jensenkv.checks import check_int, fail
 from jensenkv.eval.config import EvalConfig
-from jensenkv.generation import GenerationConfig, MagiScheduleConfig  # noqa: F401 - the generation node's own node
-from jensenkv.models.config import ModelConfig
+from jensenkv.models.config import ModelConfig, RunGenerationConfig
 from jensenkv.models.registry import family
 from jensenkv.quant.config import QuantConfig
-from jensenkv.teacher_forced import check_teacher_forced
+from jensenkv.generation.teacher_forced import check_teacher_forced
 from jensenkv.logger_config import LoggerConfig
 
 
@@ -57,7 +57,7 @@ class RunConfig:
     """One run: a (model, generation, quantizer, cache, attention, eval) point. Validated on construction."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    generation: RunGenerationConfig = field(default_factory=RunGenerationConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     cache: CacheSettings = field(default_factory=CacheSettings)
     attention: AttentionConfig = field(default_factory=AttentionConfig)

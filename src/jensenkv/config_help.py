@@ -98,7 +98,7 @@ def schema_fields(cls: type, prefix: str = "", kind: str | None = None,
     """(dotted key, one-line doc) of every leaf field under dataclass ``cls``; ``extra`` classes also document
     its fields (the families' nodes for the model node, family ``kind``'s last, so its words win)."""
     docs: dict[str, str] = {}
-    for source in (*extra, cls):
+    for source in (cls, *extra):  # cls's own bases first (ModelConfig's are every family), so extra's words win
         docs.update({k: v for k, v in field_docs(source).items() if v})
     hints = typing.get_type_hints(cls)
     rows: list[tuple[str, str]] = []

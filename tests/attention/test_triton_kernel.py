@@ -195,8 +195,8 @@ def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> N
     """backend="triton" reaches the kernel through the adapter: same denoiser output as backend="cached"."""
     from diffusers import SkyReelsV2Transformer3DModel
 
-    from jensenkv.generate import GenerationConfig
-    from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
+    from jensenkv.generation.config import GenerationConfig
+    from jensenkv.models.wan import AttentionSettings, WanChunkwiseAdapter
 
     config = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 4,
               "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 1,
@@ -205,7 +205,7 @@ def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> N
     outputs = {}
     for backend in ("cached", "triton"):
         torch.manual_seed(0)
-        adapter = ChunkwiseAdapter(SkyReelsV2Transformer3DModel(**config).to(triton_device),
+        adapter = WanChunkwiseAdapter(SkyReelsV2Transformer3DModel(**config).to(triton_device),
                                    lambda prompts: torch.ones(len(prompts), 4, 16, device=triton_device),
                                    (4, 4, 8), GenerationConfig(frames_per_chunk=2, steps=2),
                                    CacheConfig(key=int2, value=int2),

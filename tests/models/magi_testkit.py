@@ -6,7 +6,8 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from jensenkv.cache import CacheConfig
-from jensenkv.config import GenerationConfig, MagiScheduleConfig
+from jensenkv.models.config import RunGenerationConfig
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.adapters import build_adapter
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
@@ -27,11 +28,11 @@ def int2(group_size: int = 32) -> CacheConfig:
 
 
 def tiny_adapter(cache: CacheConfig | None = None, attention: AttentionSettings | None = None, **overrides):
-    """The tiny MAGI-1 through the registry; ``overrides`` are ModelConfig or GenerationConfig fields, and
+    """The tiny MAGI-1 through the registry; ``overrides`` are ModelConfig or RunGenerationConfig fields, and
     ``magi`` updates the schedule node (generation.magi)."""
     magi = MagiScheduleConfig(**{**MAGI, **overrides.pop("magi", {})})
-    names = {f.name for f in fields(GenerationConfig)}
-    generation = GenerationConfig(**{**GENERATION, **{k: v for k, v in overrides.items() if k in names}}, magi=magi)
+    names = {f.name for f in fields(RunGenerationConfig)}
+    generation = RunGenerationConfig(**{**GENERATION, **{k: v for k, v in overrides.items() if k in names}}, magi=magi)
     model = {**MODEL, **{k: v for k, v in overrides.items() if k not in names}}
     return build_adapter(model, cache=cache or full_precision(), attention=attention, generation=generation)
 

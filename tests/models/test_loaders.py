@@ -11,7 +11,8 @@ from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from omegaconf import OmegaConf
 
 from conftest import WAN_TEST_CONFIG
-from jensenkv.generate import GenerationConfig, generate_video
+from jensenkv.models.config import RunGenerationConfig
+from jensenkv.generation.loop import generate_video
 from jensenkv.models import build_adapter
 from jensenkv.models.loaders import MissingWeightsError, cast_like_diffusers, load_original_wan_checkpoint
 
@@ -118,7 +119,7 @@ def _model_config(name: str, *overrides: str) -> dict:
 def test_real_model_configs_are_valid_and_fail_cleanly_without_weights(name, tmp_path, monkeypatch):
     _no_network(monkeypatch)
     cfg = _model_config(name, f"model.cache_dir={tmp_path}", "generation.num_chunks=2")
-    generation = GenerationConfig(**cfg["generation"])
+    generation = RunGenerationConfig(**cfg["generation"])
     assert generation.num_chunks == 2
     with pytest.raises(MissingWeightsError, match="make fetch-weights"):
         build_adapter(cfg["model"], generation=generation)
@@ -169,7 +170,7 @@ def test_diffusers_folder_loads_offline_and_generates(class_name, tmp_path, monk
                         "model.height=32", "model.width=32", "model.dtype=float32", "model.device=cpu",
                         "model.max_sequence_length=8", "generation.num_chunks=2", "generation.frames_per_chunk=2",
                         "generation.steps=2", "generation.guidance_scale=2.0")
-    adapter = build_adapter(cfg["model"], cache=int2_cache(), generation=GenerationConfig(**cfg["generation"]))
+    adapter = build_adapter(cfg["model"], cache=int2_cache(), generation=RunGenerationConfig(**cfg["generation"]))
     assert type(adapter.transformer).__name__ == class_name and adapter.latent_frame_shape == (16, 4, 4)
     result = generate_video(adapter, "a red square moving left", seed=1)
     assert result.latents.shape == (1, 16, 4, 4, 4)

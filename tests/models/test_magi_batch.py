@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generate import generate_video, generate_videos
+from jensenkv.generation.loop import generate_video, generate_videos
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 from batch_testkit import batch_errors, within_tolerance

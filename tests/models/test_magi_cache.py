@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from jensenkv.cache import ChunkedKVCache
-from jensenkv.generate import generate_video
+from jensenkv.generation.loop import generate_video
 from jensenkv.models.wan import AttentionSettings
 from magi_testkit import PROMPT, full_precision, int2, tiny_adapter
 

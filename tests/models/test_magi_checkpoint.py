@@ -73,11 +73,11 @@ def test_real_config_stops_on_each_missing_file_naming_it(tmp_path, monkeypatch)
     from jensenkv.models.adapters import build_adapter
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from jensenkv.config import GenerationConfig
+    from jensenkv.models.config import RunGenerationConfig
 
     preset = OmegaConf.to_container(
         OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/magi1_4_5b.yaml"), resolve=True)
-    cfg, generation = preset["model"], GenerationConfig(**preset["generation"])
+    cfg, generation = preset["model"], RunGenerationConfig(**preset["generation"])
     cfg.update(device="cpu", dtype="float32", cache_dir=str(tmp_path / "hub"))
     with pytest.raises(MissingWeightsError, match="Hugging Face cache"):
         build_adapter(cfg, generation=generation)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jensenkv.generate import generate_video
+from jensenkv.generation.loop import generate_video
 from magi_testkit import PROMPT, Recorder, full_sequence_velocity, tiny_adapter
 
 TOL = 1e-5

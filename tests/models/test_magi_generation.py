@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from jensenkv.attention import PROBE_KEYS
-from jensenkv.generate import generate_video
-from jensenkv.models.magi.config import MagiSampling, magi_times
+from jensenkv.generation.loop import generate_video
+from jensenkv.models.magi.config import magi_times
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.magi.model import apply_rope
 from jensenkv.models.wan import AttentionSettings
 from magi_testkit import PROMPT, int2, tiny_adapter
@@ -40,13 +41,13 @@ def test_magi_time_schedule_matches_official_formula():
 
 
 def test_guidance_scales_follow_the_piecewise_table():
-    s = MagiSampling()
+    s = MagiScheduleConfig()
     assert s.guidance_scales(0.0) == (1.5, 7.5)
     assert s.guidance_scales(0.05) == (1.5, 7.5)
     assert s.guidance_scales(0.5) == (1.0, 0.0)
     assert s.guidance_scales(s.clean_t) == (1.0, 0.0)
     with pytest.raises(ValueError, match="cfg_number"):
-        MagiSampling.from_dict({"cfg_number": 2})
+        MagiScheduleConfig.from_dict({"cfg_number": 2})
 
 
 def test_partial_rotate_half_rope():

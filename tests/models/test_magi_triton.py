@@ -8,7 +8,7 @@ import torch
 from jensenkv.attention import backends
 from jensenkv.attention.triton_kernel import triton_cached_attention
 from jensenkv.cache import CacheConfig, StoredSegment
-from jensenkv.generate import generate_video
+from jensenkv.generation.loop import generate_video
 from jensenkv.models.wan import AttentionSettings
 from jensenkv.quant import QuantConfig
 from magi_testkit import PROMPT, tiny_adapter

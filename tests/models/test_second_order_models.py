@@ -6,7 +6,8 @@ import torch
 
 from conftest import WAN_FRAME
 from jensenkv.attention import ATTENTION_BACKENDS, cached_attention, reference_attention
-from jensenkv.generate import GenerationConfig, generate_video
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import generate_video
 from jensenkv.models.wan import AttentionSettings
 from magi_testkit import PROMPT, int2, tiny_adapter
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jensenkv.generate import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.tiny import load_tiny, save_tiny
 from jensenkv.models.tiny.config import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE, build_transformer
 from jensenkv.models.tiny.data import (

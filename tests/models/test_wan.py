@@ -13,12 +13,12 @@ from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2Attn
 
 from conftest import WAN_FRAME as FRAME, WAN_TEST_CONFIG as TEST_CONFIG, encode_prompt
 from jensenkv.cache import CacheConfig
-from jensenkv.generate import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.wan import (
     ROPE_HOOK_NAME,
     AttentionSettings,
     CachedSelfAttnProcessor,
-    ChunkwiseAdapter,
+    WanChunkwiseAdapter,
     RopeFrameOffsetHook,
     block_causal_mask,
     limit_kv_range,
@@ -33,7 +33,7 @@ CLASSES = [SkyReelsV2Transformer3DModel, WanTransformer3DModel]
 def make_adapter(tiny_wan_adapter):
     """Factory: a tiny adapter (2 frames per chunk, 2 steps) with the prompt "a red square" set."""
     def make(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
-             attention: AttentionSettings | None = None, seed: int = 0) -> ChunkwiseAdapter:
+             attention: AttentionSettings | None = None, seed: int = 0) -> WanChunkwiseAdapter:
         adapter = tiny_wan_adapter(cls, cache, attention, GenerationConfig(frames_per_chunk=FPC, steps=2), seed)
         adapter.set_prompt("a red square", "")
         return adapter
@@ -50,7 +50,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def run_chunks(adapter: ChunkwiseAdapter, n: int = 3, t: float = 0.7, branch: str = "cond",
+def run_chunks(adapter: WanChunkwiseAdapter, n: int = 3, t: float = 0.7, branch: str = "cond",
                kv_range: int | None = None) -> list[torch.Tensor]:
     """Denoise output of each chunk at time t over the cache, committing fixed clean chunks in between."""
     clean, noisy = chunks(n, 1), chunks(n, 2)
@@ -264,7 +264,7 @@ def test_denoise_with_a_limit_above_the_cache_equals_no_limit(cached, limit, mak
 def test_a_temporal_patch_is_refused_at_construction(tiny_wan_model):
     model = tiny_wan_model(patch_size=(2, 2, 2))
     with pytest.raises(ValueError, match=r"patch_size=\(2, 2, 2\) is not allowed.*temporal patch size must be 1"):
-        ChunkwiseAdapter(model, encode_prompt, FRAME, GenerationConfig(frames_per_chunk=FPC, steps=2),
+        WanChunkwiseAdapter(model, encode_prompt, FRAME, GenerationConfig(frames_per_chunk=FPC, steps=2),
                          CacheConfig(key=QuantConfig(method="none"), value=QuantConfig(method="none")))
 
 
@@ -295,7 +295,7 @@ def stock_oracle_latents(model: torch.nn.Module, prompt: str, seed: int, cfg: Ge
     masked so that every chunk sees the chunks its limit allows (commit_kv_range for committed chunks, the
     stage's kv_range for in-flight ones, counted back from itself). Euler, no CFG. (1, C, F_total, H, W).
     fps: for inject_sample_info models, passed as diffusers' SkyReels-V2 DF pipeline passes it for one video."""
-    from jensenkv.generate import flow_sigmas
+    from jensenkv.generation.loop import flow_sigmas
 
     holder: dict = {}
     model.set_attn_processor({name: BandMaskedStockProcessor(proc, holder) if ".attn1." in name else proc
@@ -363,7 +363,7 @@ def amplify_self_attention(model: torch.nn.Module, factor: float = 10.0) -> torc
 def test_kv_limited_generation_matches_a_stock_diffusers_oracle(cls, case, tiny_wan_adapter, tiny_wan_model):
     """Unquantized cache: chunk-wise generation under kv_range / commit_kv_range limits, including limits
     above the number of chunks the cache holds, equals the stock model's masked full-sequence forwards."""
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
 
     cfg = GenerationConfig(frames_per_chunk=FPC, shift=2.0, **KV_LIMIT_CASES[case])
     adapter = tiny_wan_adapter(cls, generation=cfg)
@@ -382,7 +382,7 @@ def test_the_fps_embedding_matches_the_stock_diffusers_oracle(fps, tiny_wan_adap
     """inject_sample_info (the SkyReels-V2-DF checkpoints): chunk-wise generation conditioned on ``fps`` equals
     the stock model's forwards given the fps as diffusers' pipeline gives it, and the other fps (the control)
     moves the video, so the embedding is used and the check would see it dropped or swapped."""
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
 
     cfg = GenerationConfig(frames_per_chunk=FPC, shift=2.0, num_chunks=3, steps=2)
     other = 24 if fps == 16 else 16

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from jensenkv.config import RunConfig
-from jensenkv.generation import GenerationConfig, MagiScheduleConfig, WorldPlaySettings
-from jensenkv.models.config import ModelConfig
+from jensenkv.models.config import ModelConfig, RunGenerationConfig
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.registry import family
+from jensenkv.models.worldplay.settings import WorldPlaySettings
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(kind="worldplay", device="cpu", preset="tiny", latent_height=8, latent_width=8)
@@ -19,10 +20,10 @@ REAL = dict(kind="worldplay", device="cpu", preset="8b_distilled", path="tencent
             hunyuan_path="hunyuanvideo-community/HunyuanVideo-1.5-480p_i2v", height=480, width=832, dtype="bfloat16")
 
 
-def gen(**worldplay) -> GenerationConfig:
+def gen(**worldplay) -> RunGenerationConfig:
     settings = dict(memory_frames=12, context_frames=4, sink_frames=4, trajectory="orbit")
     settings.update(worldplay)
-    return GenerationConfig(num_chunks=5, frames_per_chunk=4, steps=4, shift=5.0, worldplay=WorldPlaySettings(**settings))
+    return RunGenerationConfig(num_chunks=5, frames_per_chunk=4, steps=4, shift=5.0, worldplay=WorldPlaySettings(**settings))
 
 
 def run_config(model=TINY, generation=None, **kwargs) -> RunConfig:
@@ -33,11 +34,11 @@ def test_generation_worldplay_belongs_to_worldplay_alone():
     run_config()  # control: accepted
     with pytest.raises(ValueError, match=r"^generation.worldplay=WorldPlaySettings\(.*\) is not allowed: HY-WorldPlay "
                                          r"models need it \(configs/model/worldplay_\*.yaml set it\)"):
-        RunConfig(model=ModelConfig(kind="tiny", device="cpu"), generation=GenerationConfig(worldplay=WorldPlaySettings()))
+        RunConfig(model=ModelConfig(kind="tiny", device="cpu"), generation=RunGenerationConfig(worldplay=WorldPlaySettings()))
     with pytest.raises(ValueError, match=r"generation.worldplay=None is not allowed: HY-WorldPlay models need it"):
-        run_config(generation=GenerationConfig(num_chunks=5, frames_per_chunk=4))
+        run_config(generation=RunGenerationConfig(num_chunks=5, frames_per_chunk=4))
     with pytest.raises(ValueError, match=r"generation.magi=MagiScheduleConfig"):  # and MAGI-1's node is MAGI-1's
-        run_config(generation=GenerationConfig(num_chunks=5, frames_per_chunk=4, worldplay=WorldPlaySettings(
+        run_config(generation=RunGenerationConfig(num_chunks=5, frames_per_chunk=4, worldplay=WorldPlaySettings(
             memory_frames=12, context_frames=4, trajectory="orbit"), magi=MagiScheduleConfig()))
 
 
@@ -68,7 +69,7 @@ def test_the_loop_settings_it_cannot_run_are_refused(change, message):
     if values["frames_per_chunk"] == 2:
         values["num_chunks"] = 10
     with pytest.raises(ValueError, match=message):
-        run_config(generation=GenerationConfig(**values))
+        run_config(generation=RunGenerationConfig(**values))
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -100,7 +101,7 @@ def test_bad_model_fields_name_the_key():
 
 def test_geometry_of_the_8b_at_480p_and_of_the_tiny_model():
     own = family("worldplay")
-    real = own.geometry(ModelConfig(**REAL), GenerationConfig(frames_per_chunk=4, worldplay=WorldPlaySettings()))
+    real = own.geometry(ModelConfig(**REAL), RunGenerationConfig(frames_per_chunk=4, worldplay=WorldPlaySettings()))
     assert (real.head_dim, real.heads, real.kv_heads, real.layers, real.tokens_per_chunk) == (128, 16, 16, 54, 6240)
     tiny = own.geometry(ModelConfig(**TINY), gen())
     assert (tiny.head_dim, tiny.heads, tiny.layers, tiny.tokens_per_chunk) == (32, 2, 2, 4 * 8 * 8)
@@ -110,7 +111,7 @@ def test_its_new_model_fields_leave_every_other_run_id_alone():
     assert "hunyuan_path" not in ModelConfig(kind="tiny", device="cpu").to_dict()
     assert "precision" not in ModelConfig(**TINY).to_dict()  # null: absent
     assert ModelConfig(**{**TINY, "precision": {"autocast": True}}).to_dict()["precision"] == {"autocast": True}
-    assert "worldplay" not in GenerationConfig().sampling()
+    assert "worldplay" not in RunGenerationConfig().sampling()
     assert gen().sampling()["worldplay"]["memory"] == "rebuild"
 
 

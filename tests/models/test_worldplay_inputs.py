@@ -88,7 +88,7 @@ def test_a_short_pose_string_and_a_too_large_memory_are_refused_before_any_model
 
 
 def test_each_prompt_uses_its_scene_and_every_scene_image_is_checked(tmp_path):
-    from jensenkv.generation import WorldPlaySettings
+    from jensenkv.models.worldplay.settings import WorldPlaySettings
     from jensenkv.models.config import ModelConfig
     from jensenkv.models.registry import family
 
@@ -100,9 +100,9 @@ def test_each_prompt_uses_its_scene_and_every_scene_image_is_checked(tmp_path):
     assert wp.inputs("a") == (str(tmp_path / "good.png"), "turn")
     assert wp.inputs("b") == (str(tmp_path / "bad.png"), "orbit")  # no trajectory: the default
     assert wp.inputs("c") == (None, "orbit")
-    from jensenkv.generation import GenerationConfig
+    from jensenkv.models.config import RunGenerationConfig
 
-    gen = GenerationConfig(num_chunks=5, frames_per_chunk=4, worldplay=wp)
+    gen = RunGenerationConfig(num_chunks=5, frames_per_chunk=4, worldplay=wp)
     own = family("worldplay")
     tiny = ModelConfig(kind="worldplay", device="cpu", preset="tiny")
     own.check_inputs(tiny, gen, ["a", "c"])  # control: the prompts run have good inputs

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from jensenkv.cache import ChunkedKVCache
-from jensenkv.generate import flow_sigmas, generate_video
+from jensenkv.generation.loop import flow_sigmas, generate_video
 from jensenkv.models.adapters import build_adapter
 from jensenkv.models.worldplay.schedule import worldplay_sigmas, worldplay_timesteps
 from jensenkv.run import preset, run_overrides

@@ -370,7 +370,8 @@ def generation(ctx: CheckContext) -> None:
     from jensenkv.bench.subjects import (
         PROMPT, SKYREELS_V2_1_3B, SKYREELS_V2_FRAME, TOY_SKYREELS, TOY_SKYREELS_FRAME, random_skyreels_adapter,
     )
-    from jensenkv.generate import GenerationConfig, generate_video
+    from jensenkv.generation.config import GenerationConfig
+    from jensenkv.generation.loop import generate_video
     from jensenkv.models.wan import AttentionSettings
 
     config, frame = (TOY_SKYREELS, TOY_SKYREELS_FRAME) if ctx.dry_run else (SKYREELS_V2_1_3B, SKYREELS_V2_FRAME)

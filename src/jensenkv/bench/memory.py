@@ -94,7 +94,7 @@ def generation_peak(cache_name: str, quick: bool) -> dict:
     """Peak RSS over one whole long-context generation with a BF16 or an INT2 (+ Taylor) cache."""
     from jensenkv.bench.presets import preset
     from jensenkv.bench.subjects import LONG_CONTEXT, PROMPT, long_context_adapter
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
 
     head_dim = LONG_CONTEXT["attention_head_dim"]
     cache = preset("bf16", head_dim) if cache_name == "bf16" else preset("rtn", head_dim, bits=2, group_size=32)
@@ -111,7 +111,7 @@ def batch_peak(batch: int, quick: bool) -> dict:
     """Peak RSS over one batch of the built-in model (INT2 g=32 + taylor, 1 thread) and each video's cache bytes."""
     from jensenkv.bench.presets import preset
     from jensenkv.bench.subjects import PROMPT, tiny_adapter
-    from jensenkv.generate import generate_videos
+    from jensenkv.generation.loop import generate_videos
 
     adapter, generation = tiny_adapter(preset("rtn", 128, bits=2, group_size=32), "taylor", quick=quick)
     before = peak_rss_bytes()

@@ -14,8 +14,8 @@ from dataclasses import replace
 import torch
 
 from jensenkv.cache import CacheConfig
-from jensenkv.generate import GenerationConfig
-from jensenkv.models.wan import AttentionSettings, ChunkwiseAdapter
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.models.wan import AttentionSettings, WanChunkwiseAdapter
 
 PROMPT = "a red circle moving right on a dark background"
 # 4 layers of 2 heads x 64; a chunk is 4 latent frames of 64 x 64 with 2 x 2 patches: 4096 tokens.
@@ -44,7 +44,8 @@ def frame_tokens(config: dict, frame: tuple[int, int, int]) -> int:
     return (frame[1] // patch[1]) * (frame[2] // patch[2])
 
 
-def tiny_adapter(cache: CacheConfig, correction: str, quick: bool = False) -> tuple[ChunkwiseAdapter, GenerationConfig]:
+def tiny_adapter(cache: CacheConfig, correction: str,
+                 quick: bool = False) -> tuple[WanChunkwiseAdapter, GenerationConfig]:
     """The built-in model (the model=tiny preset) on the CPU; quick: 2 chunks of 2 steps."""
     from jensenkv.models.adapters import build_adapter
     from jensenkv.run import preset
@@ -59,7 +60,7 @@ def tiny_adapter(cache: CacheConfig, correction: str, quick: bool = False) -> tu
 
 
 def long_context_adapter(cache: CacheConfig, correction: str, quick: bool = False,
-                         seed: int = 0) -> tuple[ChunkwiseAdapter, GenerationConfig]:
+                         seed: int = 0) -> tuple[WanChunkwiseAdapter, GenerationConfig]:
     """Random-weight SkyReels-V2 at 4096 tokens per chunk, 8 chunks (quick: 16 x 16 frames, 3 chunks)."""
     from diffusers import SkyReelsV2Transformer3DModel
 
@@ -73,7 +74,7 @@ def long_context_adapter(cache: CacheConfig, correction: str, quick: bool = Fals
         gen = torch.Generator().manual_seed(len(prompts[0]))
         return torch.randn(len(prompts), 8, text_dim, generator=gen)
 
-    adapter = ChunkwiseAdapter(model, encode, frame, generation, cache, AttentionSettings(correction=correction))
+    adapter = WanChunkwiseAdapter(model, encode, frame, generation, cache, AttentionSettings(correction=correction))
     return adapter, generation
 
 
@@ -84,7 +85,7 @@ def describe(generation: GenerationConfig, frame: tuple[int, int, int], patch: t
 
 def random_skyreels_adapter(config: dict, frame: tuple[int, int, int], generation: GenerationConfig,
                             cache: CacheConfig, attention: AttentionSettings, device: str = "cpu",
-                            dtype: torch.dtype = torch.float32, seed: int = 0) -> ChunkwiseAdapter:
+                            dtype: torch.dtype = torch.float32, seed: int = 0) -> WanChunkwiseAdapter:
     """A SkyReels-V2 transformer of ``config`` with random weights (made on ``device``: a real-size one is
     initialised on the GPU in seconds), its prompt embeddings fixed random (1, 512, text_dim) tensors."""
     from diffusers import SkyReelsV2Transformer3DModel
@@ -99,4 +100,4 @@ def random_skyreels_adapter(config: dict, frame: tuple[int, int, int], generatio
         gen = torch.Generator().manual_seed(len(prompts[0]))
         return torch.randn(len(prompts), *text, generator=gen).to(device=device, dtype=dtype)
 
-    return ChunkwiseAdapter(model, encode, frame, generation, cache, attention)
+    return WanChunkwiseAdapter(model, encode, frame, generation, cache, attention)

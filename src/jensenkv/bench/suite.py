@@ -261,7 +261,7 @@ def correction_overhead_floor_rows(plan: Plan) -> list[dict]:
 def e2e_rows(plan: Plan) -> list[dict]:
     """Generation time with an INT2 g=32 + Taylor cache over a BF16 cache, built-in and long-context models."""
     from jensenkv.bench.subjects import LONG_CONTEXT, LONG_FRAME, PROMPT, describe, long_context_adapter, tiny_adapter
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
 
     rows = []
     for name, build, repeats, warmup in (("built-in model", tiny_adapter, plan.e2e_repeats, 1),
@@ -293,7 +293,7 @@ def batch_throughput_rows(plan: Plan) -> list[dict]:
     (the generator before batching); then the peak RSS growth during one batch against one video (fresh
     processes, 1 thread) and each video's cache bytes."""
     from jensenkv.bench.subjects import PROMPT, tiny_adapter
-    from jensenkv.generate import generate_videos
+    from jensenkv.generation.loop import generate_videos
 
     n = plan.batch_videos
     adapter, generation = tiny_adapter(preset("rtn", 128, **INT2), "taylor", quick=plan.quick)
@@ -355,7 +355,7 @@ def probe_overhead_rows(plan: Plan) -> list[dict]:
     import dataclasses
 
     from jensenkv.bench.subjects import PROMPT, tiny_adapter
-    from jensenkv.generate import generate_video
+    from jensenkv.generation.loop import generate_video
 
     cache = preset("rtn", 128, **INT2)
     plain, generation = tiny_adapter(cache, "taylor", quick=plan.quick)

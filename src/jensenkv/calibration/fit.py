@@ -191,7 +191,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
 
     import jensenkv
     from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
-    from jensenkv.generate import generate_videos
+    from jensenkv.generation.loop import generate_videos
     from jensenkv.models import build_adapter
     from jensenkv.models.registry import family
     from jensenkv.run.environment import default_threads

@@ -9,7 +9,7 @@ from jensenkv.checks import check_bool, check_choice, check_int, fail, is_int
 from jensenkv.eval.fidelity import LPIPS_BACKBONE_FILES
 from jensenkv.eval.vbench import validate_dimensions
 
-# teacher_forced (jensenkv.teacher_forced): each chunk read with the BF16 run's own history, quantized vs full-
+# teacher_forced (jensenkv.generation.teacher_forced): each chunk read with the BF16 run's own history, quantized vs full-
 # precision cache (per-video tf_psnr, tf_rel_err, tf_latent_rel_err; per chunk in the prompt results). Opt-in: it
 # regenerates every chunk twice, so it is not among the defaults.
 METRICS = ("psnr", "ssim", "lpips", "vbench", "attention", "content", "teacher_forced")

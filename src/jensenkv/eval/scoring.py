@@ -171,7 +171,7 @@ class Attention(Scorer):
 
 
 def teacher_forced_rows(chunks: Sequence[Any]) -> list[dict]:
-    """One row per teacher-forced chunk (``jensenkv.teacher_forced``): PSNR between the two decoded clean chunks
+    """One row per teacher-forced chunk (``jensenkv.generation.teacher_forced``): PSNR between the two decoded clean chunks
     (float frames) and the relative errors of the run's cache against the full-precision one."""
     from jensenkv.eval.fidelity import video_psnr
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheConfig, CacheSettings
-from jensenkv.generation import GenerationConfig
-from jensenkv.models.config import ModelConfig, as_model_config
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.models.config import ModelConfig, RunGenerationConfig, as_model_config
 from jensenkv.models.registry import family
 
 
@@ -20,8 +20,8 @@ def full_precision_cache(dtype: str = CacheSettings.full_precision_dtype) -> Cac
 def build_adapter(model: ModelConfig | Mapping, cache: CacheConfig | None = None,
                   attention: AttentionConfig | None = None, generation: GenerationConfig | None = None) -> Any:
     """The adapter a model config (or a mapping of its fields) describes, with the given cache (default: the
-    BF16 reference cache), attention settings and sampler (default: GenerationConfig's, the built-in model's)."""
+    BF16 reference cache), attention settings and sampler (default: RunGenerationConfig's, the built-in model's)."""
     cfg = as_model_config(model)
     return family(cfg.kind).build_adapter(cfg, cache if cache is not None else full_precision_cache(),
                                           attention if attention is not None else AttentionConfig(),
-                                          generation if generation is not None else GenerationConfig())
+                                          generation if generation is not None else RunGenerationConfig())

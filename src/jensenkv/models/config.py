@@ -1,9 +1,17 @@
-"""The model node of the config tree (``RunConfig.model``, configs/model/*.yaml).
+"""The two nodes of the config tree the families compose: ``model`` (``ModelConfig``, configs/model/*.yaml) and
+``generation`` (``RunGenerationConfig``).
 
-``ModelConfig`` is composed from the families: the fields every model has (``ModelBase``) plus each registered
-family's own node (``ModelFamily.node``), so adding a family adds its fields here without an edit. A family
-refuses a value for a field it does not read, and checks its own fields (``ModelFamily.check``). Two families
-that read the same field (``path``, ``height``, ...) must declare it with the same type and default.
+``ModelConfig`` is a declared class whose bases are the fields every model has (``ModelBase``) and each
+registered family's own node (``ModelFamily.node``); ``RunGenerationConfig``'s are the loop's node
+(``jensenkv.generation.config.GenerationConfig``) and each family's generation node
+(``ModelFamily.generation_node``: MAGI-1's ``generation.magi``, HY-WorldPlay's ``generation.worldplay``). A new
+family adds its nodes to these bases (tests/test_config_tree.py checks that every registered one is there). A
+family refuses a value for a field it does not read, and checks its own fields (``ModelFamily.check``). Two
+families that read the same field (``path``, ``height``, ...) must declare it with the same type and default.
+
+Dataclass fields come in reverse order of the bases (the last base's first), so the bases are listed last
+family first: the fields then read ModelBase, tiny, diffusers, magi, worldplay (and the loop's, then magi's,
+then worldplay's), the order the committed run ids were hashed in.
 """
 from __future__ import annotations
 
@@ -12,10 +20,17 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from jensenkv.checks import check_choice, fail
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.models.magi.family import MagiNode
+from jensenkv.models.magi.schedule import MagiGenerationNode
 from jensenkv.models.registry import FAMILIES, family
+from jensenkv.models.tiny.family import TinyNode
+from jensenkv.models.wan.family import WanNode
+from jensenkv.models.worldplay.node import WorldPlayNode
+from jensenkv.models.worldplay.settings import WorldPlayGenerationNode
 from jensenkv.quant.config import FLOAT_DTYPES
 
 MODEL_DTYPES = tuple(FLOAT_DTYPES)
@@ -84,15 +99,33 @@ FAMILY_FIELDS = family_fields()
 # identity only when set, so every earlier model keeps its run id
 LATER_FIELDS = frozenset(FAMILY_FIELDS) - {f.name for fam in FAMILIES.values() if not fam.late
                                            for f in dataclasses.fields(fam.node)}
-ModelConfig = dataclasses.make_dataclass(
-    "ModelConfig", [(name, hint, dataclasses.field(default=default)) for name, (hint, default) in
-                    FAMILY_FIELDS.items()],
-    bases=(ModelBase,), namespace={"__module__": __name__, "__doc__": ModelBase.__doc__ + (
-        " Composed from the families' nodes: tiny (jensenkv.models.tiny), diffusers (SkyReels-V2 / Wan, "
-        "jensenkv.models.wan), magi (MAGI-1, jensenkv.models.magi); each node's docstring says its fields.")})
 
 
-def as_model_config(model: Any) -> Any:
+@dataclass
+class ModelConfig(WorldPlayNode, MagiNode, WanNode, TinyNode, ModelBase):
+    """Which network runs, on what: ``ModelBase``'s fields (kind, name, device, dtype) plus every family's node:
+    tiny (``TinyNode``, jensenkv.models.tiny), diffusers (``WanNode``: SkyReels-V2 / Wan, jensenkv.models.wan),
+    magi (``MagiNode``: MAGI-1, jensenkv.models.magi) and worldplay (``WorldPlayNode``: HY-WorldPlay,
+    jensenkv.models.worldplay); each node's docstring says its fields. A field the model's kind does not read
+    stays null."""
+
+
+@dataclass
+class RunGenerationConfig(WorldPlayGenerationNode, MagiGenerationNode, GenerationConfig):
+    """The run's generation node: the loop's ``GenerationConfig`` plus every family's own node, ``magi``
+    (``MagiGenerationNode``, jensenkv.models.magi.schedule) and ``worldplay`` (``WorldPlayGenerationNode``,
+    jensenkv.models.worldplay.settings); the model's family requires its own and refuses the others."""
+
+    # the late families' generation fields (``ModelFamily.late``) enter run ids only when set
+    LATER_FIELDS: ClassVar[tuple[str, ...]] = tuple(
+        fam.generation_key() for fam in FAMILIES.values() if fam.late and fam.generation_node is not None)
+
+    def __post_init__(self) -> None:
+        for base in reversed(RunGenerationConfig.__bases__):  # the loop's checks first, then each family's
+            base.__post_init__(self)
+
+
+def as_model_config(model: Any) -> ModelConfig:
     """A ModelConfig from itself or a mapping of its fields (a Hydra node, a dict); unknown keys are errors."""
     if isinstance(model, ModelConfig):
         return model

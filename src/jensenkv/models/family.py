@@ -42,6 +42,15 @@ class Download:
     patterns: tuple[str, ...] = ()  # hf-snapshot: the files of the repo it needs (empty: all)
 
 
+def node_from_dict(cls: type, key: str, values: Mapping[str, Any]) -> Any:
+    """A node dataclass from a mapping; unknown keys are one line naming ``key`` and the allowed keys."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        fail(key, unknown, f"unknown keys; allowed: {sorted(known)}")
+    return cls(**dict(values))
+
+
 @dataclass
 class CheckpointNode:
     """The fields every family with a real checkpoint reads (one declaration, so they agree by construction)."""
@@ -76,11 +85,20 @@ class ModelFamily:
     extra_chunks_in_flight: ClassVar[int] = 0            # chunks a forward carries beyond the window (MAGI: 1)
     late: ClassVar[bool] = False  # added after the committed run ids: its own fields hash only when set
     licence: ClassVar[str | None] = None                 # conditions of use of its weights (``make check-weights``)
-    generation_node: ClassVar[str | None] = None          # the family's own node of generation (FAMILY_GENERATION_NODES)
+    # dataclass of the family's own generation.* node (one field, FAMILY_GENERATION_NODES), e.g. MagiGenerationNode
+    generation_node: ClassVar[type | None] = None
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls.node))
+
+    @classmethod
+    def generation_key(cls) -> str | None:
+        """The name of the family's own generation node (``generation.<key>``); None: it has none."""
+        if cls.generation_node is None:
+            return None
+        (only,) = dataclasses.fields(cls.generation_node)
+        return only.name
 
     @classmethod
     def view(cls, model: Mapping[str, Any] | Any) -> Any:
@@ -101,7 +119,7 @@ class ModelFamily:
         refuse or ignore once loaded."""
         for node, allowed in FAMILY_GENERATION_NODES.items():
             value = getattr(generation, node)
-            if (value is None) == (node == self.generation_node):
+            if (value is None) == (node == self.generation_key()):
                 fail(f"generation.{node}", value, allowed)
 
     def check_inputs(self, model: Any, generation: Any, prompts: list[str]) -> None:
@@ -181,7 +199,7 @@ class ModelFamily:
         return None
 
     def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
-        """The chunk-wise adapter (jensenkv.generate.ChunkwiseModel) of ``model`` with that cache,
+        """The chunk-wise adapter (a ``jensenkv.generation.loop.ChunkwiseAdapterBase``) of ``model`` with that cache,
         attention settings and sampler."""
         raise NotImplementedError
 

@@ -5,6 +5,7 @@ They never touch the network: a local directory (or the Hugging Face cache) is r
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,35 @@ def cast_like_diffusers(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.
         if param.is_floating_point():
             param.data = param.data.to(target)
     return model
+
+
+def load_sharded_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """A ``.safetensors`` file, or a ``.safetensors.index.json`` and every shard it lists (each must exist and
+    hold the keys the index maps to it), every tensor finite. ``what`` names the model in the errors."""
+    from safetensors.torch import load_file
+
+    if not path.name.endswith(".index.json"):
+        if not path.is_file():
+            raise MissingWeightsError(f"{what} weights not found: expected {path}; {FETCH_HINT}")
+        state = load_file(str(path))
+        check_finite_weights(state, path, FETCH_HINT)
+        return state
+    shards: dict[str, list[str]] = {}  # shard file -> the keys the index maps to it
+    for name, shard in json.loads(path.read_text())["weight_map"].items():
+        shards.setdefault(shard, []).append(name)
+    state = {}
+    for shard, names in sorted(shards.items()):
+        file = path.parent / shard
+        if not file.is_file():
+            raise MissingWeightsError(f"{what} shard {shard} (listed in {path}) not found: expected {file}; "
+                                      f"{FETCH_HINT}")
+        tensors = load_file(str(file))
+        check_finite_weights(tensors, file, FETCH_HINT)
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise ValueError(f"{file} lacks {len(missing)} keys its index {path.name} lists, e.g. {missing[:3]}")
+        state.update({n: tensors[n] for n in names})
+    return state
 
 
 def _folder_state_dict(folder: Path) -> dict[str, torch.Tensor]:

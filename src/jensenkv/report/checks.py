@@ -176,7 +176,7 @@ def _video_series(videos: list[dict], metric: str) -> pd.Series:
 def teacher_forced_section(results_dir: str | Path) -> str:
     lines = ["## Teacher-forced fidelity: the cache's direct effect, without trajectory divergence", "",
              ("Every chunk read with the BF16 run's own history, denoised from the same noise once with the run's "
-              "cache and once in full precision (`experiment=teacher_forced`, jensenkv.teacher_forced). PSNR "
+              "cache and once in full precision (`experiment=teacher_forced`, jensenkv.generation.teacher_forced). PSNR "
               "between the two clean chunks (chunks >= 1, mean over chunks then videos); relative error of the "
               "denoiser output at each chunk's first step, where both calls see the same input."), ""]
     table = teacher_forced_table(results_dir)

@@ -49,7 +49,7 @@ def videos(spec: Any, batch_size: int = 1) -> list[Any]:
     spec.threads torch threads (1 when null)."""
     import torch
 
-    from jensenkv.generate import generate_videos
+    from jensenkv.generation.loop import generate_videos
     from jensenkv.models import build_adapter
     from jensenkv.run.videos import check_finite, to_uint8 as _to_uint8
 

@@ -78,7 +78,7 @@ class VideoMaker:
 
         import torch
 
-        from jensenkv.generate import generate_videos
+        from jensenkv.generation.loop import generate_videos
         from jensenkv.attention.config import AttentionConfig
         from jensenkv.hashing import config_hash
         from jensenkv.store.files import atomic_write
@@ -107,7 +107,7 @@ class VideoMaker:
 
     def generate(self, jobs: list[tuple[str, int]]) -> list[tuple[Any, list[dict] | None, dict, dict]]:
         """(uint8 video, probes, timings, cache stats) of the quantized run, per (prompt, seed), as one batch."""
-        from jensenkv.generate import generate_videos
+        from jensenkv.generation.loop import generate_videos
         attention = self.spec.attention  # probes on iff eval.metrics has "attention"
         self.adapter.configure(cache=self.spec.cache_config(keep_reference=attention.probes), attention=attention)
         results = generate_videos(self.adapter, [p for p, _ in jobs], [s for _, s in jobs])
@@ -121,12 +121,12 @@ class VideoMaker:
 
     def teacher_forced(self, jobs: list[tuple[str, int]]) -> list[list[dict]]:
         """Teacher-forced fidelity's per-chunk rows per (prompt, seed): each chunk read with the BF16 run's own
-        history, the run's cache against the full-precision one (``jensenkv.teacher_forced``)."""
+        history, the run's cache against the full-precision one (``jensenkv.generation.teacher_forced``)."""
         import dataclasses
 
         from jensenkv.attention.config import AttentionConfig
         from jensenkv.models import build_adapter
-        from jensenkv.teacher_forced import teacher_forced_chunks
+        from jensenkv.generation.teacher_forced import teacher_forced_chunks
 
         spec = self.spec
         if self._reference_adapter is None:

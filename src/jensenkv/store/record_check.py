@@ -52,7 +52,7 @@ def identity_labels(identity: Mapping[str, Any]) -> dict | None:
     from types import SimpleNamespace
 
     from jensenkv.calibration import strength_label
-    from jensenkv.generation import GenerationConfig
+    from jensenkv.models.config import RunGenerationConfig
     from jensenkv.models.registry import FAMILIES
     from jensenkv.quant.config import QuantConfig
 
@@ -63,7 +63,7 @@ def identity_labels(identity: Mapping[str, Any]) -> dict | None:
     key = QuantConfig(**key)
     quantized = key.method != "none"
     return {
-        "model": own.model_label(SimpleNamespace(**model), GenerationConfig(**identity.get("generation", {}))),
+        "model": own.model_label(SimpleNamespace(**model), RunGenerationConfig(**identity.get("generation", {}))),
         "quantizer": key.label,
         "method": key.method,
         "bits": int(key.bits) if quantized else 16,

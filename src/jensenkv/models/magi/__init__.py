@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from jensenkv.models.magi.config import PRESETS, MagiModelConfig, MagiSampling, magi_noise_levels, magi_times, model_preset
+from jensenkv.models.magi.config import PRESETS, MagiModelConfig, magi_noise_levels, magi_times, model_preset
+from jensenkv.models.magi.schedule import MagiGenerationNode, MagiScheduleConfig
 
-__all__ = ["PRESETS", "MagiChunkwiseAdapter", "MagiDiT", "MagiModelConfig", "MagiSampling", "magi_noise_levels",
-           "magi_times", "model_preset"]
+__all__ = ["PRESETS", "MagiChunkwiseAdapter", "MagiDiT", "MagiGenerationNode", "MagiModelConfig", "MagiScheduleConfig",
+           "magi_noise_levels", "magi_times", "model_preset"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
-"""Drive MAGI-1 chunk by chunk over the suite's KV cache: the generator's adapter protocol.
+"""Drive MAGI-1 chunk by chunk over the suite's KV cache: the generator's ``ChunkwiseModel`` contract.
 
-``jensenkv.generate.generate_video`` runs the staircase (``window_size`` chunks in flight, per-stage
+``jensenkv.generation.loop.generate_video`` runs the staircase (``window_size`` chunks in flight, per-stage
 ``kv_range``) and calls ``denoise_window`` once per tick with one branch; MAGI's own passes happen here:
 
 * time: the generator's noise level s (1 = noise) is MAGI time t = 1 - s, and the velocity is negated
@@ -29,10 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generation import GenerationConfig, check_kv_range
+from jensenkv.generation.config import GenerationConfig, check_kv_range
+from jensenkv.generation.loop import ChunkwiseAdapterBase
 from jensenkv.models.magi.attention import MagiLayerCaches, WindowAttention, WindowChunk
-from jensenkv.models.magi.config import MagiSampling, magi_noise_levels
+from jensenkv.models.magi.config import magi_noise_levels
 from jensenkv.models.magi.model import Caption, MagiDiT, range_attention
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.wan.state import AttentionSettings
 
 # encode_prompt(prompt, num_chunks) -> one (L_j, caption_channels) tensor of valid caption tokens per chunk
@@ -46,11 +48,13 @@ class _Pending:
     kv_range: int | None
 
 
-class MagiChunkwiseAdapter:
-    """MAGI-1 DiT + prompt encoder + decoder behind the generator's ``ChunkwiseModel`` protocol."""
+class MagiChunkwiseAdapter(ChunkwiseAdapterBase):
+    """MAGI-1 DiT + prompt encoder + decoder behind the generator's ``ChunkwiseModel`` contract."""
+
+    batches_videos = True
 
     def __init__(self, model: MagiDiT, encode_prompt: PromptEncoder, latent_frame_shape: tuple[int, int, int],
-                 generation: GenerationConfig, sampling: MagiSampling, cache: CacheConfig,
+                 generation: GenerationConfig, sampling: MagiScheduleConfig, cache: CacheConfig,
                  attention: AttentionSettings | None = None, decode: Callable[[torch.Tensor], torch.Tensor] | None = None):
         generation.validate()
         sampling.validate()
@@ -68,7 +72,6 @@ class MagiChunkwiseAdapter:
         self.latent_frame_shape = tuple(int(x) for x in latent_frame_shape)
         self.generation = generation
         self.sampling = sampling
-        self.clean_range = None
         self.decode_fn = decode
         cfg = model.config
         self.layers = MagiLayerCaches(cfg.num_layers, cfg.head_dim, cfg.groups, cache,
@@ -117,10 +120,6 @@ class MagiChunkwiseAdapter:
     def probes(self) -> list[dict] | None:
         return list(self.layers.probe_records) if self.layers.attention.probes else None
 
-    def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None:
-        """One video: ``set_prompts([prompt])``."""
-        self.set_prompts([prompt], negative_prompt)
-
     def set_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> None:
         """Encode one prompt per video of the batch, for every chunk (captions may differ per chunk, e.g.
         MAGI's duration tokens, and per prompt in length).
@@ -128,8 +127,7 @@ class MagiChunkwiseAdapter:
         Each prompt is encoded on its own, so a video's captions never depend on its batch. MAGI-1's
         unconditional passes use the learned null caption, so a negative prompt is not allowed.
         """
-        if isinstance(prompts, str) or not prompts:
-            raise ValueError(f"prompts={prompts!r} is not allowed: give a non-empty list, one prompt per video")
+        self.check_prompts(prompts)
         if negative_prompt:
             raise ValueError(f"negative_prompt={negative_prompt!r} is not allowed for MAGI-1: its unconditional "
                              "passes use the learned null caption")
@@ -183,20 +181,11 @@ class MagiChunkwiseAdapter:
         if branch != "cond":
             raise ValueError(f"branch={branch!r} is not allowed for MAGI-1: its guidance passes run inside one "
                              "call (branch 'cond'); keep guidance_scale at 1")
-        n, frames = len(t), chunks.shape[2]
         if chunks.shape[0] != self.batch_size:
             raise ValueError(f"chunks with batch {chunks.shape[0]} are not allowed: set_prompts gave "
                              f"{self.batch_size} prompts, one per video")
-        if n < 1 or frames % n:
-            raise ValueError(f"t with {n} entries is not allowed: the {frames} frames must split into n equal chunks")
-        steps = [None] * n if steps is None else list(steps)
-        kv_ranges = [None] * n if kv_ranges is None else list(kv_ranges)
-        for key, values in (("steps", steps), ("kv_ranges", kv_ranges)):
-            if len(values) != n:
-                raise ValueError(f"{key} with {len(values)} entries is not allowed: it needs one per chunk ({n})")
-        for r in kv_ranges:
-            check_kv_range(r)
-        fpc = frames // n
+        fpc, steps, kv_ranges = self.window_args(chunks, t, steps, kv_ranges)
+        n = len(t)
         times = [1.0 - float(s) for s in t]  # MAGI time: 0 = noise, 1 = clean
         window = [WindowChunk(first_chunk_index + j, steps[j], kv_ranges[j]) for j in range(n)]
         x, all_t, offset = chunks, list(times), 0

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from jensenkv.cache import CacheConfig
-from jensenkv.generation import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.magi.adapter import MagiChunkwiseAdapter
-from jensenkv.models.magi.config import PRESET_VARIANTS, SPATIAL_DOWNSAMPLE, MagiModelConfig, MagiSampling, model_preset
+from jensenkv.models.magi.config import PRESET_VARIANTS, SPATIAL_DOWNSAMPLE, MagiModelConfig, model_preset
+from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.magi.model import MagiDiT
 from jensenkv.models.magi.text import TinyPromptEncoder
 from jensenkv.models.magi.vae import MagiVaeDecoder, Tiling, ViTDecoder, ViTDecoderConfig
@@ -88,7 +89,7 @@ def load_magi_adapter(cfg: Any, cache: CacheConfig, attention: AttentionSettings
     refresh pass, guidance, time schedule). See configs/model/magi1_*.yaml."""
     preset = cfg.preset or "tiny"
     device, dtype = torch.device(cfg.device), FLOAT_DTYPES[cfg.dtype]
-    sampling = generation.magi if generation.magi is not None else MagiSampling()
+    sampling = generation.magi if generation.magi is not None else MagiScheduleConfig()
     overrides = dict(cfg.model_overrides or {})
     seed = int(cfg.seed or 0)
     if preset == "tiny":
@@ -102,7 +103,7 @@ def load_magi_adapter(cfg: Any, cache: CacheConfig, attention: AttentionSettings
 
 
 def _load_real(preset: str, cfg: Any, overrides: dict, device: torch.device, dtype: torch.dtype,
-               generation: GenerationConfig, sampling: MagiSampling, cache: CacheConfig,
+               generation: GenerationConfig, sampling: MagiScheduleConfig, cache: CacheConfig,
                attention: AttentionSettings) -> MagiChunkwiseAdapter:
     from transformers import AutoTokenizer, T5EncoderModel
 

@@ -27,8 +27,7 @@ import torch
 
 from jensenkv.models.magi.config import MagiModelConfig
 from jensenkv.models.magi.model import MagiDiT
-from jensenkv.models.finite_weights import check_finite_weights
-from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, resolve_local_dir
+from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, load_sharded_safetensors, resolve_local_dir
 
 HUB_REPO = "sand-ai/MAGI-1"
 VARIANTS = {"4.5B_base": "inference_weight", "4.5B_distill": "inference_weight.distill",
@@ -98,32 +97,10 @@ def weights_dir(root: Path, variant: str) -> Path:
 
 def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     """model.safetensors.index.json (sharded) or model.safetensors in ``folder``, keys in this port's names."""
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards: dict[str, list[str]] = {}
-        for name, shard in weight_map.items():
-            shards.setdefault(shard, []).append(name)
-        state = {}
-        for shard, names in shards.items():
-            file = folder / shard
-            if not file.is_file():
-                raise MissingWeightsError(f"MAGI-1 shard {shard} (listed in {index}) not found: expected {file}; "
-                                          f"{FETCH_HINT}")
-            tensors = load_file(str(file))
-            check_finite_weights(tensors, file, FETCH_HINT)
-            missing = [n for n in names if n not in tensors]
-            if missing:
-                raise ValueError(f"{file} lacks {len(missing)} keys its index lists, e.g. {missing[:3]}")
-            state.update({n: tensors[n] for n in names})
-    else:
-        file = folder / "model.safetensors"
-        if not file.is_file():
-            raise MissingWeightsError(f"MAGI-1 weights not found: expected {index} or {file}; {FETCH_HINT}")
-        state = load_file(str(file))
-        check_finite_weights(state, file, FETCH_HINT)
+    index, file = folder / "model.safetensors.index.json", folder / "model.safetensors"
+    if not index.is_file() and not file.is_file():
+        raise MissingWeightsError(f"MAGI-1 weights not found: expected {index} or {file}; {FETCH_HINT}")
+    state = load_sharded_safetensors(index if index.is_file() else file, "MAGI-1")
     fp8 = [n for n in state if n.endswith(("weight_scale", "input_scale", "smooth_scale"))]
     if fp8:
         raise ValueError(f"{folder} holds an fp8-quantized checkpoint (e.g. {fp8[0]}): it is not allowed here; "

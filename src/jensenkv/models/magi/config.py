@@ -1,9 +1,10 @@
 """MAGI-1 architecture presets and sampling settings, as dataclasses.
 
 ``MagiModelConfig`` mirrors the ``model_config`` block of the official ``example/*/*_config.json``;
-``MagiSampling`` holds the ``runtime_config`` / ``engine_config`` values that steer sampling (guidance,
-clean-chunk refresh, distillation). Nothing here is read by the DiT's forward as a hidden constant: the
-adapter passes every schedule value in explicitly.
+``magi_times`` / ``magi_noise_levels`` are its time schedules; the ``runtime_config`` / ``engine_config`` values
+that steer sampling (guidance, clean-chunk refresh, distillation) are
+``schedule.MagiScheduleConfig``. Nothing here is read by the DiT's forward as a hidden constant: the adapter
+passes every schedule value in explicitly.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from jensenkv.generation import T_SCHEDULES, MagiScheduleConfig
+from jensenkv.models.magi.schedule import T_SCHEDULES
 
 FFN_KINDS = ("gelu", "swiglu")
 
@@ -138,8 +139,6 @@ def model_preset(name: str, prefix: str = "magi.", **overrides: Any) -> MagiMode
     return cfg
 
 
-
-MagiSampling = MagiScheduleConfig  # the MAGI schedule node of GenerationConfig (generation.magi)
 
 
 def magi_times(steps: int, shift: float, schedule: str = "sd3") -> torch.Tensor:

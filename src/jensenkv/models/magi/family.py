@@ -9,6 +9,7 @@ from typing import Any, Optional
 from jensenkv.checks import check_choice, check_int, fail
 from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
 from jensenkv.models.magi.config import PRESET_VARIANTS, PRESETS, SPATIAL_DOWNSAMPLE, MagiModelConfig, model_preset
+from jensenkv.models.magi.schedule import MagiGenerationNode
 
 SPECIAL_TOKENS_URL = "https://raw.githubusercontent.com/SandAI-org/MAGI-1/main/example/assets/special_tokens.npz"
 
@@ -40,7 +41,7 @@ class MagiFamily(ModelFamily):
     # 9.9 at 8, 12.0 at 16, 13.3 at 24, 13.6 at 32, 12.8 at 48 (11.1 at 64 in a 5-run sweep); a rerun on a busier
     # machine: 11.3 at 16, 12.0 at 24, 11.9 at 32, so 24-32 is the plateau
     cpu_batch_size = 32
-    generation_node = "magi"    # generation.magi: required here, refused elsewhere (ModelFamily.check_generation)
+    generation_node = MagiGenerationNode  # generation.magi: required here, refused elsewhere (check_generation)
     extra_chunks_in_flight = 1  # the finished chunk re-run at clean_t in the next tick's forward
 
     def check(self, model: Any) -> None:

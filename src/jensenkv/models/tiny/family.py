@@ -100,7 +100,7 @@ class TinyFamily(ModelFamily):
 
         from jensenkv.models.loaders import cast_like_diffusers
         from jensenkv.models.tiny.weights import load_tiny
-        from jensenkv.models.wan.adapter import ChunkwiseAdapter
+        from jensenkv.models.wan.adapter import WanChunkwiseAdapter
         from jensenkv.quant.config import FLOAT_DTYPES
 
         transformer, text_encoder, tokenizer, stored = load_tiny(self.folder(model))
@@ -111,5 +111,5 @@ class TinyFamily(ModelFamily):
             return text_encoder(tokenizer(prompts).to(device))  # (B, L, text_dim)
 
         frame = (transformer.config.in_channels, int(stored["data"]["height"]), int(stored["data"]["width"]))
-        return ChunkwiseAdapter(cast_like_diffusers(transformer, FLOAT_DTYPES[model.dtype]).to(device), encode,
+        return WanChunkwiseAdapter(cast_like_diffusers(transformer, FLOAT_DTYPES[model.dtype]).to(device), encode,
                                 frame, generation, cache, attention, clean_range=(-1.0, 1.0))

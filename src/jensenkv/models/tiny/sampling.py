@@ -2,7 +2,7 @@
 
 Chunk k is denoised with chunks 0..k-1 in the same forward pass at timestep 0 (clean), exactly what a KV
 cache filled by a clean t = 0 pass would hold, so this is the ground truth the cached generator
-(`jensenkv.generate`) must reproduce. Rectified flow (Wan convention): x_t = (1 - t) x0 + t eps, the model
+(`jensenkv.generation.loop`) must reproduce. Rectified flow (Wan convention): x_t = (1 - t) x0 + t eps, the model
 predicts v = eps - x0 at timestep t * 1000, and an Euler step goes x <- x + (t_next - t) v.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jensenkv.generate import GenerationConfig, flow_sigmas
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import flow_sigmas
 from jensenkv.models.tiny.text import WordTokenizer
 
 

@@ -9,7 +9,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from jensenkv.generation import GenerationConfig
+from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.tiny.config import (
     CONFIG_FILE,
     TEXT_PREFIX,

@@ -5,7 +5,7 @@ Nothing in diffusers is changed. Three pieces, one module each:
 * ``processor.CachedSelfAttnProcessor``: the self-attention of one layer over its cache (quantize on commit,
   correction, probes), with kernels from ``jensenkv.attention.ATTENTION_BACKENDS``.
 * ``rope.RopeFrameOffsetHook``: shifts the temporal RoPE positions by the chunk's first latent frame.
-* ``adapter.ChunkwiseAdapter``: the model-facing API of the generator (``denoise``, ``commit``, ``decode``, ...).
+* ``adapter.WanChunkwiseAdapter``: the model-facing API of the generator (``denoise``, ``commit``, ``decode``, ...).
 
 ``state`` holds what they share, ``family.WanFamily`` what the rest of the suite asks about these models,
 ``fps`` the frame rates SkyReels-V2's fps embedding knows and ``build`` loads them. The checkpoint loaders live in ``jensenkv.models.loaders``. Names are re-exported lazily,
@@ -20,7 +20,7 @@ _EXPORTS = {
     **dict.fromkeys(("MissingWeightsError", "T5PromptEncoder", "WanVaeDecoder", "cast_like_diffusers",
                      "load_original_wan_checkpoint", "load_wan_transformer", "require_subfolder", "resolve_local_dir"),
                     "jensenkv.models.loaders"),
-    **dict.fromkeys(("ChunkwiseAdapter", "pixel_decode"), "jensenkv.models.wan.adapter"),
+    **dict.fromkeys(("WanChunkwiseAdapter", "pixel_decode"), "jensenkv.models.wan.adapter"),
     **dict.fromkeys(("CachedSelfAttnProcessor", "apply_rotary", "block_causal_mask", "limit_kv_range",
                      "window_context"), "jensenkv.models.wan.processor"),
     **dict.fromkeys(("ROPE_HOOK_NAME", "RopeFrameOffsetHook"), "jensenkv.models.wan.rope"),

@@ -1,4 +1,5 @@
-"""The chunk-wise adapter: the model-facing API of the generator over a diffusers Wan-family transformer."""
+"""The Wan-family chunk-wise adapter: the generator's ``ChunkwiseModel`` contract over a diffusers Wan-family
+transformer (SkyReels-V2, Wan2.1 / Self-Forcing; the built-in tiny model too)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -10,7 +11,8 @@ from diffusers.hooks import HookRegistry
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.attention.config import layer_strengths
-from jensenkv.generate import GenerationConfig, check_kv_range
+from jensenkv.generation.config import GenerationConfig, check_kv_range
+from jensenkv.generation.loop import ChunkwiseAdapterBase
 from jensenkv.models.loaders import TRANSFORMER_CLASSES
 from jensenkv.models.wan.fps import FPS_EMBEDDING_IDS
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
@@ -34,7 +36,7 @@ def run_per_video(module: torch.nn.Module) -> None:
     module.forward = forward
 
 
-class ChunkwiseAdapter:
+class WanChunkwiseAdapter(ChunkwiseAdapterBase):
     """A Wan-family transformer driven chunk by chunk over per-layer quantized KV caches.
 
     Args:
@@ -172,17 +174,13 @@ class ChunkwiseAdapter:
         return list(self.state.probe_records) if any(p.attention.probes for p in self.processors) else None
 
     batches_branches = True  # denoise_branches / commit_branches: the CFG branches in one forward
-
-    def set_prompt(self, prompt: str, negative_prompt: str | None = None) -> None:
-        """Encode the conditional prompt (and the negative one for CFG's "uncond" branch)."""
-        self.set_prompts([prompt], negative_prompt)
+    batches_videos = True
 
     def set_prompts(self, prompts: Sequence[str], negative_prompt: str | None = None) -> None:
         """Encode one prompt per video of the batch (and the negative one, shared, for "uncond").
 
         Each prompt is encoded on its own, so a video's embedding never depends on its batch."""
-        if isinstance(prompts, str) or not prompts:
-            raise ValueError(f"prompts={prompts!r} is not allowed: give a non-empty list, one prompt per video")
+        self.check_prompts(prompts)
         cond = torch.cat([self.encode_prompt([p]) for p in prompts]).to(self.device, self.dtype)  # (B, L, text_dim)
         self._prompt_embeds = {"cond": cond}
         if negative_prompt is not None:
@@ -243,15 +241,6 @@ class ChunkwiseAdapter:
         s.mode, s.branches, s.window, s.start_frame = mode, tuple(branches), window, start_frame
 
     @torch.no_grad()
-    def denoise(self, chunk: torch.Tensor, t: float, chunk_index: int, branch: str = "cond", *,
-                step: int | None = None, kv_range: int | None = None) -> torch.Tensor:
-        """Velocity of one noisy chunk (B, C, F, H, W) at flow time t, attending to the branch's cache.
-
-        Chunks are equally long, so the chunk starts at latent frame chunk_index * F (RoPE offset).
-        """
-        return self.denoise_window(chunk, [t], chunk_index, branch, steps=[step], kv_ranges=[kv_range])
-
-    @torch.no_grad()
     def denoise_window(self, chunks: torch.Tensor, t: Sequence[float], first_chunk_index: int,
                        branch: str = "cond", *, steps: Sequence[int | None] | None = None,
                        kv_ranges: Sequence[int | None] | None = None) -> torch.Tensor:
@@ -259,7 +248,8 @@ class ChunkwiseAdapter:
 
         chunks: (B, C, n*F, H, W), oldest first, chunk j at flow time t[j] (denoising step steps[j]) and
         attending to at most kv_ranges[j] preceding chunks (earlier in-flight ones first, then cached;
-        None: all). Returns (B, C, n*F, H, W) float32. With n = 1 this is ``denoise``.
+        None: all). Chunks are equally long, so chunk j starts at latent frame (first_chunk_index + j) * F
+        (RoPE offset). Returns (B, C, n*F, H, W) float32. With n = 1 this is ``denoise``.
         """
         return self.denoise_branches(chunks, t, first_chunk_index, (branch,), steps=steps,
                                      kv_ranges=kv_ranges)[branch]
@@ -269,17 +259,8 @@ class ChunkwiseAdapter:
                          branches: Sequence[str], *, steps: Sequence[int | None] | None = None,
                          kv_ranges: Sequence[int | None] | None = None) -> dict[str, torch.Tensor]:
         """``denoise_window`` for every branch in one forward: branch -> velocity (B, C, n*F, H, W)."""
-        n, frames = len(t), chunks.shape[2]
-        steps = [None] * n if steps is None else list(steps)
-        kv_ranges = [None] * n if kv_ranges is None else list(kv_ranges)
-        if n < 1 or frames % n:
-            raise ValueError(f"t with {n} entries is not allowed: it needs one flow time per chunk and the "
-                             f"{frames} frames must split into equal chunks")
-        for key, values in (("steps", steps), ("kv_ranges", kv_ranges)):
-            if len(values) != n:
-                raise ValueError(f"{key} with {len(values)} entries is not allowed: it needs one per chunk ({n})")
-        window = tuple(InFlightChunk(first_chunk_index + j, steps[j], kv_ranges[j]) for j in range(n))
-        frames_per_chunk = frames // n
+        frames_per_chunk, steps, kv_ranges = self.window_args(chunks, t, steps, kv_ranges)
+        window = tuple(InFlightChunk(first_chunk_index + j, steps[j], kv_ranges[j]) for j in range(len(t)))
         self._set_state("cached", branches, window, first_chunk_index * frames_per_chunk)
         t_frames = torch.tensor([float(x) for x in t]).repeat_interleave(frames_per_chunk)  # (n*F,)
         out = self._forward(chunks, t_frames.expand(chunks.shape[0], -1), branches)  # t_frames: (B, n*F)

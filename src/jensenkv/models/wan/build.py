@@ -12,11 +12,11 @@ from jensenkv.models.loaders import (
     require_subfolder,
     resolve_local_dir,
 )
-from jensenkv.models.wan.adapter import ChunkwiseAdapter
+from jensenkv.models.wan.adapter import WanChunkwiseAdapter
 from jensenkv.quant.config import FLOAT_DTYPES
 
 
-def load_diffusers_adapter(cfg: Any, cache: Any, attention: Any, generation: Any) -> ChunkwiseAdapter:
+def load_diffusers_adapter(cfg: Any, cache: Any, attention: Any, generation: Any) -> WanChunkwiseAdapter:
     """SkyReels-V2 / Wan from a diffusers folder (transformer, vae, text_encoder, tokenizer subfolders).
 
     ``transformer_checkpoint`` (optional) replaces the transformer weights by an original-format Wan
@@ -41,5 +41,5 @@ def load_diffusers_adapter(cfg: Any, cache: Any, attention: Any, generation: Any
         raise ValueError(f"model.height/width={height}x{width} is not allowed: both must be multiples of {scale}")
     encode = T5PromptEncoder(tokenizer, text_encoder, cfg.max_sequence_length or 512)
     shape = (int(transformer.config.in_channels), height // scale, width // scale)
-    return ChunkwiseAdapter(transformer.to(device), encode, shape, generation, cache, attention,
+    return WanChunkwiseAdapter(transformer.to(device), encode, shape, generation, cache, attention,
                             decode=WanVaeDecoder(vae), fps=cfg.fps or 24)

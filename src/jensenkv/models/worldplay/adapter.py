@@ -1,11 +1,12 @@
-"""Drive HY-WorldPlay chunk by chunk: the generator's ``ChunkwiseModel`` protocol on the transformer and caches
+"""Drive HY-WorldPlay chunk by chunk: the generator's ``ChunkwiseModel`` contract on the transformer and caches
 (``jensenkv.models.worldplay.model`` / ``cache``), WorldPlay's ``_ar_rollout_inner``.
 
-``jensenkv.generate.generate_video`` draws each chunk's noise, runs the Euler steps on WorldPlay's float32
-schedule (``noise_levels``), keeps latents in ``latent_dtype`` between steps and combines CFG; here:
-* ``set_prompt``: the prompt's (image, trajectory) (``generation.worldplay``: its scene or the defaults), the
-  cameras and actions of every latent frame, the first frame's latent in frame 0 of the condition channels
-  (mask 1), and the text stream run once per branch (the negative prompt's in its own caches);
+``jensenkv.generation.loop.generate_video`` draws each chunk's noise, runs the Euler steps on WorldPlay's
+float32 schedule (``noise_levels``), keeps latents in ``latent_dtype`` between steps and combines CFG; here:
+* ``set_prompt``: the prompt's (image, trajectory) (``settings``, the run's ``generation.worldplay``: its scene
+  or the defaults), the cameras and actions of every latent frame, the first frame's latent in frame 0 of the
+  condition channels (mask 1), and the text stream run once per branch (the negative prompt's in its own
+  caches);
 * the first ``denoise_window`` of a chunk selects its memory (``memory.MemorySelector``) and writes it to the
   caches: ``rebuild`` runs the selected clean frames through the context pass at stabilization_level - 1
   and re-commits (re-quantizes) all of them; ``append`` commits only the frames not yet held;
@@ -20,9 +21,11 @@ from typing import Any
 import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
-from jensenkv.generation import GenerationConfig, WorldPlaySettings
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import ChunkwiseAdapterBase
 from jensenkv.models.worldplay.memory import MemorySelector, MemorySettings
 from jensenkv.models.worldplay.schedule import model_timestep, worldplay_sigmas
+from jensenkv.models.worldplay.settings import WorldPlaySettings
 from jensenkv.models.worldplay.trajectory import Trajectory, load_trajectory
 from jensenkv.models.worldplay.vae import condition_latents, random_image, read_image
 
@@ -37,14 +40,13 @@ def memory_settings(wp: WorldPlaySettings, chunk_frames: int) -> MemorySettings:
                           fov_radius=wp.fov_radius, fov_seed=wp.fov_seed)
 
 
-class WorldPlayChunkwiseAdapter:
-    """HY-WorldPlay transformer + encoders + VAE behind the generator's protocol (one video at a time)."""
-
-    batches_branches = False
+class WorldPlayChunkwiseAdapter(ChunkwiseAdapterBase):
+    """HY-WorldPlay transformer + encoders + VAE behind the generator's ``ChunkwiseModel`` contract (one video
+    at a time, one forward per CFG branch)."""
 
     def __init__(self, model: Any, encode_prompt: Any, vae: Any, latent_frame_shape: tuple[int, int, int],
                  pixel_size: tuple[int, int], generation: GenerationConfig, cache: CacheConfig, attention: Any = None,
-                 image_seed: int = 0, tiny: bool = False):
+                 image_seed: int = 0, tiny: bool = False, settings: WorldPlaySettings | None = None):
         from jensenkv.attention.config import AttentionConfig
         from jensenkv.models.worldplay.cache import WorldPlayCaches
 
@@ -55,8 +57,7 @@ class WorldPlayChunkwiseAdapter:
         self.latent_frame_shape = tuple(int(x) for x in latent_frame_shape)
         self.pixel_size = pixel_size
         self.generation = generation
-        self.settings = generation.worldplay if generation.worldplay is not None else WorldPlaySettings()
-        self.clean_range = None
+        self.settings = settings if settings is not None else WorldPlaySettings()  # generation.worldplay
         self.image_seed = image_seed
         self.tiny = tiny
         self.latent_dtype = None if self.settings.latent_dtype == "float32" else _DTYPES[self.settings.latent_dtype]
@@ -238,13 +239,9 @@ def _is_gain(param: torch.Tensor, model: Any) -> bool:
 
 def load_worldplay_adapter(cfg: Any, cache: CacheConfig, attention: Any,
                            generation: GenerationConfig) -> WorldPlayChunkwiseAdapter:
-    """The adapter of a ``kind: worldplay`` model node (configs/model/worldplay_*.yaml)."""
-    from jensenkv.models.worldplay.node import (
-        SPATIAL_DOWNSAMPLE,
-        architecture,
-        pixel_size,
-        precision,
-    )
+    """The adapter of a ``kind: worldplay`` model node (configs/model/worldplay_*.yaml); ``generation`` is the
+    run's node (``RunGenerationConfig``): its ``worldplay`` settings go to the adapter."""
+    from jensenkv.models.worldplay.node import SPATIAL_DOWNSAMPLE, architecture, pixel_size, precision, worldplay_settings
     from jensenkv.models.worldplay.text import TinyPromptEncoder
     from jensenkv.models.worldplay.vae import TinyVae
 
@@ -257,7 +254,8 @@ def load_worldplay_adapter(cfg: Any, cache: CacheConfig, attention: Any,
         vae = TinyVae(arch.latent_channels, seed)
         size = pixel_size(cfg)
         shape = (arch.latent_channels, size[0] // TinyVae.factor, size[1] // TinyVae.factor)
-        return WorldPlayChunkwiseAdapter(model, text, vae, shape, size, generation, cache, attention, seed, tiny=True)
+        return WorldPlayChunkwiseAdapter(model, text, vae, shape, size, generation, cache, attention, seed, tiny=True,
+                                         settings=worldplay_settings(generation))
     return _load_real(cfg, arch, numerics, device, generation, cache, attention, SPATIAL_DOWNSAMPLE)
 
 
@@ -270,7 +268,7 @@ def _load_real(cfg: Any, arch: Any, precision: Any, device: torch.device, genera
     from jensenkv.models.worldplay.checkpoint import (
         load_transformer,  # part A: the strict official loader
     )
-    from jensenkv.models.worldplay.node import PRESET_VARIANTS
+    from jensenkv.models.worldplay.node import PRESET_VARIANTS, worldplay_settings
     from jensenkv.models.worldplay.text import load_prompt_encoder
     from jensenkv.models.worldplay.vae import load_hunyuan_vae
 
@@ -288,4 +286,5 @@ def _load_real(cfg: Any, arch: Any, precision: Any, device: torch.device, genera
     vae = load_hunyuan_vae(Path(cfg.vae_path).expanduser() if cfg.vae_path else roots["hunyuan_path"] / "vae",
                            _DTYPES[cfg.vae_dtype or cfg.dtype], device)
     shape = (arch.latent_channels, cfg.height // downsample, cfg.width // downsample)
-    return WorldPlayChunkwiseAdapter(model, text, vae, shape, (cfg.height, cfg.width), generation, cache, attention)
+    return WorldPlayChunkwiseAdapter(model, text, vae, shape, (cfg.height, cfg.width), generation, cache, attention,
+                                     settings=worldplay_settings(generation))

@@ -56,8 +56,7 @@ from pathlib import Path
 
 import torch
 
-from jensenkv.models.finite_weights import check_finite_weights
-from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, resolve_local_dir
+from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError, load_sharded_safetensors, resolve_local_dir
 from jensenkv.models.worldplay.config import WorldPlayPrecision, WorldPlayTransformerConfig
 from jensenkv.models.worldplay.model import WorldPlayTransformer
 
@@ -155,31 +154,7 @@ def weights_file(root: Path, variant: str) -> Path:
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A ``.safetensors`` file, or a ``.safetensors.index.json`` and its shards (each must exist)."""
-    from safetensors.torch import load_file
-
-    if path.name.endswith(".index.json"):
-        weight_map = json.loads(path.read_text())["weight_map"]
-        shards: dict[str, list[str]] = {}
-        for name, shard in weight_map.items():
-            shards.setdefault(shard, []).append(name)
-        state = {}
-        for shard, names in sorted(shards.items()):
-            file = path.parent / shard
-            if not file.is_file():
-                raise MissingWeightsError(f"HY-WorldPlay shard {shard} (listed in {path}) not found: expected {file}; "
-                                          f"{FETCH_HINT}")
-            tensors = load_file(str(file))
-            check_finite_weights(tensors, file, FETCH_HINT)
-            missing = [n for n in names if n not in tensors]
-            if missing:
-                raise ValueError(f"{file} lacks {len(missing)} keys its index {path.name} lists, e.g. {missing[:3]}")
-            state.update({n: tensors[n] for n in names})
-        return state
-    if not path.is_file():
-        raise MissingWeightsError(f"HY-WorldPlay weights not found: expected {path}; {FETCH_HINT}")
-    state = load_file(str(path))
-    check_finite_weights(state, path, FETCH_HINT)
-    return state
+    return load_sharded_safetensors(path, "HY-WorldPlay")
 
 
 def check_keys(state: dict[str, torch.Tensor], cfg: WorldPlayTransformerConfig, source: Path | str) -> None:

@@ -12,6 +12,7 @@ from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFami
 from jensenkv.models.worldplay.node import (HUNYUAN_PARTS, LICENCE, PRESET_VARIANTS, PRESETS, SPATIAL_DOWNSAMPLE,
                                             WorldPlayNode, architecture, pixel_size, precision, video_frames,
                                             worldplay_settings)
+from jensenkv.models.worldplay.settings import WorldPlayGenerationNode
 
 
 class WorldPlayFamily(ModelFamily):
@@ -19,7 +20,7 @@ class WorldPlayFamily(ModelFamily):
     node = WorldPlayNode
     packages = (("transformers", "transformers"), ("safetensors", "safetensors"), ("scipy", "scipy"),
                 ("PIL", "pillow"))
-    generation_node = "worldplay"
+    generation_node = WorldPlayGenerationNode
     late = True  # its own model fields (hunyuan_path, precision) enter run ids only when set
     licence = LICENCE
     batches = False  # one video at a time: each video has its own trajectory, image and memory selection

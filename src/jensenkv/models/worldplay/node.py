@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from jensenkv.checks import fail
 from jensenkv.models.family import CheckpointNode
+from jensenkv.models.worldplay.settings import WorldPlaySettings
 
 # preset -> the checkpoint folder of tencent/HY-WorldPlay (the AR action models; the bidirectional one is not run)
 PRESET_VARIANTS = {"8b_distilled": "ar_distilled_action_model", "8b": "ar_model", "8b_rl": "ar_rl_model"}
@@ -45,10 +46,8 @@ class WorldPlayNode(CheckpointNode):
     seed: Optional[int] = None            # tiny: seed of the random initialisation
 
 
-def worldplay_settings(generation: Any) -> Any:
+def worldplay_settings(generation: Any) -> WorldPlaySettings:
     """The run's ``generation.worldplay`` (the family requires it: ``check_generation``)."""
-    from jensenkv.generation import WorldPlaySettings
-
     return generation.worldplay if generation.worldplay is not None else WorldPlaySettings()
 
 

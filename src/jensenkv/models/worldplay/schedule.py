@@ -3,11 +3,11 @@
 
 Noise levels: linspace(1, 0, steps + 1) in float32, then the SD3 shift s' = shift s / (1 + (shift - 1) s),
 in float32; the model gets sigma x 1000 in float32 (never cast to BF16). Each step is
-x + v (sigma_next - sigma) in float32 (the suite's generator does that step: ``jensenkv.generate``), and
+x + v (sigma_next - sigma) in float32 (the suite's generator does that step: ``jensenkv.generation.loop``), and
 the result is stored in BF16 between steps (``generation.worldplay.latent_dtype``). Distilled: 4 steps,
 no CFG, timesteps [1000, 937.5, 833.33, 625]; base: 50 steps, CFG 6.0; both shift 5.
 
-``jensenkv.generate.flow_sigmas`` is the same formula evaluated in float64 and rounded once: equal at 4 and
+``jensenkv.generation.loop.flow_sigmas`` is the same formula evaluated in float64 and rounded once: equal at 4 and
 8 steps, but 1 float32 ulp apart at 50 steps, so WorldPlay's float32 evaluation lives here.
 """
 from __future__ import annotations

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from jensenkv.generate import ChunkwiseModel, GenerationConfig, _commit, _denoise, flow_sigmas, sampler_step
+from jensenkv.generation.config import GenerationConfig
+from jensenkv.generation.loop import ChunkwiseModel, commit_all_branches, denoise_all_branches, sampler_step
 
 
 @dataclass
@@ -47,7 +48,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def _velocity(adapter: ChunkwiseModel, x: torch.Tensor, t: float, chunk: int, step: int, branches: Sequence[str],
               cfg: GenerationConfig) -> torch.Tensor:
     """The guided velocity (B, C, F, H, W) of one chunk at one step (CFG combined as the generator does)."""
-    v = _denoise(adapter, x, [t], chunk, tuple(branches), [step], [cfg.kv_range_at(step)])
+    v = denoise_all_branches(adapter, x, [t], chunk, tuple(branches), [step], [cfg.kv_range_at(step)])
     return v["cond"] if not cfg.use_cfg else v["uncond"] + cfg.guidance_scale * (v["cond"] - v["uncond"])
 
 
@@ -73,8 +74,7 @@ def teacher_forced_chunks(quantized: ChunkwiseModel, reference: ChunkwiseModel, 
     for adapter in (quantized, reference):
         adapter.reset()
         adapter.set_prompt(prompt, negative)
-    noise_levels = getattr(reference, "noise_levels", None)
-    sigmas = (noise_levels(cfg) if noise_levels is not None else flow_sigmas(cfg.steps, cfg.shift)).tolist()
+    sigmas = reference.noise_levels(cfg).tolist()
     c, h, w = reference.latent_frame_shape
     shape = (1, c, cfg.frames_per_chunk, h, w)
     gen = torch.Generator(device="cpu").manual_seed(int(seed))  # the BF16 run's draws, in its order
@@ -99,5 +99,5 @@ def teacher_forced_chunks(quantized: ChunkwiseModel, reference: ChunkwiseModel, 
             out.append(ChunkFidelity(chunk, first_err, _relative(x_q, x_ref), quantized.decode(x_q).float().cpu(),
                                      reference.decode(x_ref).float().cpu()))
         for adapter in (quantized, reference):  # the BF16 history, for both caches
-            _commit(adapter, x_ref.to(adapter.device), chunk, branches, cfg.commit_kv_range)
+            commit_all_branches(adapter, x_ref.to(adapter.device), chunk, branches, cfg.commit_kv_range)
     return out
