@@ -30,8 +30,9 @@ REFUSALS = {
 ESCAPE = "or run locally with hydra/launcher=local_parallel"
 
 
-def submission_script(launcher: dict[str, Any], folder: Path) -> str:
-    """The sbatch script submitit writes for one job of this launcher config (``_target_`` and all)."""
+def make_executor(launcher: dict[str, Any], folder: Path) -> Any:
+    """submitit's SLURM executor for this launcher config, its parameters named as hydra-submitit-launcher
+    names them (the one place that translates them: the pre-check and the launcher share it)."""
     import submitit
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
@@ -41,6 +42,12 @@ def submission_script(launcher: dict[str, Any], folder: Path) -> str:
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **init)
     base = set(OmegaConf.structured(BaseQueueConf).keys())  # the launcher's rule: other keys get "slurm_"
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+    return executor
+
+
+def submission_script(launcher: dict[str, Any], folder: Path) -> str:
+    """The sbatch script submitit writes for one job of this launcher config (``_target_`` and all)."""
+    executor = make_executor(launcher, folder)
     return executor._executor._make_submission_file_text("true", "precheck")  # noqa: SLF001 - submitit's own text
 
 
