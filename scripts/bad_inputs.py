@@ -77,12 +77,19 @@ def make_fixtures(root: Path) -> dict[str, str]:
         "config_no_data": _weights_dir(root, "config_no_data", json.dumps(no_data), weights),
         "weights_nan": _weights_dir(root, "weights_nan", config, _poisoned(weights, float("nan"))),
         "weights_inf": _weights_dir(root, "weights_inf", config, _poisoned(weights, float("inf"))),
+        # a PATH without any SLURM client, whether or not this machine has one (PATH={no_slurm})
+        "no_slurm": _empty_dir(root / "no_slurm_on_path"),
         # a SLURM client whose scheduler refuses every job with sbatch's own words (PATH={slurm_...}:/usr/bin:/bin)
         "slurm_no_gpus": fake_slurm(root / "slurm_no_gpus", "Invalid generic resource (gres) specification"),
         "slurm_small_memory": fake_slurm(root / "slurm_small_memory", "Memory specification can not be satisfied"),
         "slurm_no_controller": fake_slurm(root / "slurm_no_controller", "Batch job submission failed: Unable to "
                                           "contact slurm controller (connect failure)"),
     }
+
+
+def _empty_dir(folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
 
 
 def fake_slurm(folder: Path, refusal: str | None) -> str:

@@ -81,14 +81,18 @@ def run_id_of(config: Any) -> tuple[str, bool]:
     return spec.run_id, ResultsStore(spec.results_dir).has_record(spec.run_id)
 
 
-class _Stopped(Exception):
-    """The job's run was stopped by SIGTERM (scancel, node failure): submitit pickles it as the job's error."""
+STOPPED_EXIT = 128 + signal.SIGTERM  # as a shell reports a process ended by SIGTERM
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """On the node: SIGTERM stops the run (KeyboardInterrupt, the runner's Ctrl-C path) instead of being
-        ignored until SIGKILL; submitit's SIGUSR2 handler (checkpoint and requeue at the time limit) stays."""
+        """On the node: SIGTERM (scancel, scontrol requeue, the node going down) stops the run at once by the
+        runner's Ctrl-C path (finished videos kept, lock released), where submitit would ignore it until
+        SLURM's SIGKILL. The process then ends without a result file: a cancelled job reads CANCELLED in
+        sacct, and a requeued one is still waited for. submitit's SIGUSR2 handler (checkpoint and requeue at
+        the time limit) stays."""
+        import os
+
         def stop(signum: int, frame: Any) -> None:
             raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
@@ -96,8 +100,9 @@ class SlurmLauncher(SubmititSlurmLauncher):
         try:
             return super().__call__(*args, **kwargs)
         except KeyboardInterrupt:
-            raise _Stopped("stopped by SIGTERM (scancel or the node going down); finished videos are kept, "
-                           "the rerun resumes") from None
+            print("stopped by SIGTERM (scancel, requeue or the node going down): finished videos are kept, the "
+                  "rerun or the requeued job resumes", file=sys.stderr, flush=True)
+            os._exit(STOPPED_EXIT)  # no result file: submitit reads the job's end from sacct
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None

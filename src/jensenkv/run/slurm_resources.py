@@ -46,12 +46,29 @@ def resource_overrides(args: Sequence[str], base: Any, variants: list[list[str]]
             config = compose_config(overrides)
             spec = build_spec(config)
             video = video_bytes(spec) if spec.geometry is not None else 0
+            config.model.device = written_device(overrides, base)  # as the job will resolve it, on its node
             stated = family(config.model.kind).resources(config.model, video)
             for key in open_keys:
                 needs[key] = max(needs.get(key, 0), int(getattr(stated, RESOURCE_KEYS[key])))
     except (ValueError, FileNotFoundError):
         return []
     return [f"hydra.launcher.{k}={v}" for k, v in needs.items()]
+
+
+def written_device(overrides: Sequence[str], base: Any) -> str:
+    """model.device as the command line or the model's preset writes it ("auto" unless set): composing
+    resolves "auto" on this host, which is not the node the job runs on."""
+    from omegaconf import OmegaConf
+
+    from jensenkv.spec import CONFIG_DIR
+
+    for override in reversed(list(overrides)):
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "model.device":
+            return value
+    preset = CONFIG_DIR / "model" / f"{base.hydra.runtime.choices.get('model')}.yaml"
+    written = OmegaConf.load(preset).get("model", {}).get("device") if preset.is_file() else None
+    return str(written or "auto")
 
 
 def check_time_limit(launcher: Any) -> None:
