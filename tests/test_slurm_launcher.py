@@ -159,3 +159,45 @@ def test_a_controller_that_never_answers_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"^hydra/launcher='slurm' is not allowed: the SLURM controller did not "
                                          r"answer `sbatch --test-only` in 0.5 s"):
         slurm_check.check_slurm_accepts(_container())
+
+
+# --- a job's end as one line, and the summary's words for a SLURM sweep -----------------------------------
+SUBMITIT_CANCELLED = """Job 17_0 (task: 0) with path /x/.submitit/17_0/17_0_0_result.pkl
+has not produced any output (state: CANCELLED by 0)
+Error stream produced:
+----------------------------------------
+
+run e884ba125e38b3b9 (rtn):   0%|          | 0/4 [00:00<?, ?video/s]srun: got SIGCONT
+slurmstepd-vm: error: *** JOB 18 ON vm CANCELLED AT 2026-12-07T10:12:55 ***
+srun: forcing job termination
+"""
+
+
+def test_a_job_that_ended_without_a_result_is_one_line_with_the_schedulers_words():
+    from jensenkv.run.slurm_launcher import one_line, sbatch_reason
+
+    assert one_line(SUBMITIT_CANCELLED) == "JOB 18 ON vm CANCELLED AT 2026-12-07T10:12:55"
+    assert one_line("Job 3_1 (task: 0) with path p\nhas not produced any output (state: NODE_FAIL)\n") == \
+        "has not produced any output (state: NODE_FAIL)"
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\nValueError: bad prompt\n'
+    assert one_line(traceback) == "ValueError: bad prompt"
+    import subprocess
+
+    refused = subprocess.CalledProcessError(1, ["sbatch"], output=b"", stderr=b"sbatch: error: Batch job submission "
+                                            b"failed: Requested node configuration is not available\n")
+    assert sbatch_reason(refused) == "Batch job submission failed: Requested node configuration is not available"
+
+
+def test_a_queued_job_is_queued_and_an_ended_one_says_how(tmp_path, monkeypatch):
+    import jensenkv.run.slurm_launcher as launcher
+    from jensenkv.exit_codes import PARTIAL
+    from jensenkv.run.summary import PlannedRun, summary_status
+
+    runs = [PlannedRun(f"run{i}", tmp_path, "rtn", finished_before=False, videos=1, wandb=True) for i in range(2)]
+    monkeypatch.setattr(launcher, "_SWEEP", {"run0": launcher.SweepJob("run0", "7_0", "PENDING"),
+                                             "run1": launcher.SweepJob("run1", "7_1", "CANCELLED", "JOB 9 CANCELLED")})
+    text, status = summary_status(runs, started_at=0)
+    assert status == PARTIAL and "1 missing, queued: 1" in text.splitlines()[0]
+    assert "queued: run run0 (rtn): SLURM job 7_0 is PENDING" in text
+    assert "missing: run run1 (rtn): no record: SLURM job 7_1 ended CANCELLED: JOB 9 CANCELLED" in text
+    assert "W&B" not in text  # no W&B failure for runs that have not ended

@@ -27,8 +27,7 @@ def test_a_sweep_then_its_rerun_submits_no_job(tmp_path):
     rerun = run_sweep(tmp_path, [*TWO_RUNS, "eval.num_prompts=1"])
     check_truthful(rerun, runs=2, videos=1)
     assert rerun.summary_counts()["skipped"] == 2
-    assert sacct_since(rerun.start).keys() <= sacct_since(first.start).keys() - set(), "the rerun submitted a job"
-    assert "0 job(s) to submit" in rerun.stderr
+    assert not sacct_since(rerun.start).keys() - sacct_since(first.start).keys(), "the rerun submitted a job"
 
 
 def test_scancel_mid_run_is_reported_as_sacct_says_and_the_rerun_finishes(tmp_path):

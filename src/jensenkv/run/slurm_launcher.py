@@ -51,6 +51,11 @@ def one_line(error: BaseException | str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return type(error).__name__ if isinstance(error, BaseException) else "no reason given"
+    if "has not produced any output" in text:  # submitit: the job ended without a result file
+        said = [line.split("error:", 1)[1].strip(" *") for line in lines if "*** JOB" in line and "error:" in line]
+        said += [line for line in lines if line.startswith("stopped by SIGTERM")]
+        ended = next(line for line in lines if "has not produced any output" in line)
+        return said[-1] if said else ended
     if "Traceback (most recent call last)" in text:
         last = [line for line in lines if not line.startswith(("File ", "^", "~", "During handling",
                                                                  "The above exception", "Traceback"))]

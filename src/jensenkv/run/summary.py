@@ -113,6 +113,8 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
         if run.finished_before:
             return "skipped", "wandb pending" if wandb_pending() else "already finished"
         lock = store.run_lock(run.run_id)
+        if not wait and job is not None and job.state in ACTIVE_STATES and not store.has_record(run.run_id):
+            return "queued", f"SLURM job {job.job_id} is {job.state}: the rerun after it ends finds its record"
         if not store.has_record(run.run_id) and lock.is_held_elsewhere():
             if not wait:
                 return "missing", f"in progress elsewhere: {lock.describe_holder()}"
