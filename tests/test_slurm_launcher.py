@@ -198,6 +198,6 @@ def test_a_queued_job_is_queued_and_an_ended_one_says_how(tmp_path, monkeypatch)
                                              "run1": launcher.SweepJob("run1", "7_1", "CANCELLED", "JOB 9 CANCELLED")})
     text, status = summary_status(runs, started_at=0)
     assert status == PARTIAL and "1 missing, queued: 1" in text.splitlines()[0]
-    assert "queued: run run0 (rtn): SLURM job 7_0 is PENDING" in text
+    assert "queued: run run0 (rtn): SLURM job 7_0 still queued or running" in text
     assert "missing: run run1 (rtn): no record: SLURM job 7_1 ended CANCELLED: JOB 9 CANCELLED" in text
     assert "W&B" not in text  # no W&B failure for runs that have not ended

@@ -60,6 +60,14 @@ def wait_for_running(min_s: float = 0, timeout: float = 240) -> str:
     raise AssertionError(f"no job ran for {min_s} s within {timeout} s: {squeue()}")
 
 
+def wait_for_empty_queue(timeout: float = 300) -> None:
+    """Until no job is queued or running (a requeued job waits out SLURM's hold of about 2 minutes)."""
+    deadline = time.monotonic() + timeout
+    while squeue():
+        assert time.monotonic() < deadline, f"jobs still queued after {timeout} s: {squeue()}"
+        time.sleep(2)
+
+
 @dataclass
 class Sweep:
     args: list[str]
@@ -89,6 +97,7 @@ def run_sweep(folder: Path, args: list[str], fault: Callable[[Sweep], None] | No
     """``python -m jensenkv.run -m hydra/launcher=slurm <args>`` in ``folder`` (its results there), with
     ``fault`` done from a thread while it runs."""
     folder.mkdir(parents=True, exist_ok=True)
+    wait_for_empty_queue()  # a fault acts on "the running job": none of an earlier test's may be left
     sweep = Sweep(args, folder, start=time.strftime("%Y-%m-%dT%H:%M:%S"))
     env = {**os.environ, "WANDB_MODE": "offline", "JENSENKV_RESULTS": str(folder / "results"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}

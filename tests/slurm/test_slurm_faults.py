@@ -8,7 +8,8 @@ import subprocess
 import time
 
 import pytest
-from slurm_testkit import CLUSTER_SCRIPT, check_truthful, run_sweep, sacct_since, wait_for_running
+from slurm_testkit import (CLUSTER_SCRIPT, check_truthful, run_sweep, sacct_since, wait_for_empty_queue,
+                           wait_for_running)
 
 pytestmark = pytest.mark.usefixtures("cluster")
 TWO_RUNS = ["quant=rtn,rtn_int4", "correction=none"]
@@ -90,5 +91,9 @@ def _kill_slurmd(sweep, down_s: float) -> None:
 def test_slurmd_killed_loses_and_duplicates_nothing(tmp_path, down_s):
     sweep = run_sweep(tmp_path, [*TWO_RUNS, "eval.num_prompts=4"], lambda s: _kill_slurmd(s, down_s))
     row = check_truthful(sweep, runs=2, videos=4)
+    # a job SLURM requeued (NODE_FAIL) while its orphaned process finished the run runs again later: a no-op
+    records = {p: p.stat().st_mtime_ns for p in sweep.results.glob("runs/*/record.json")}
+    wait_for_empty_queue()
+    assert {p: p.stat().st_mtime_ns for p in sweep.results.glob("runs/*/record.json")} == records
     if row["exit"] != 0:  # a run the lost node did not finish: the rerun does, and nothing twice
         assert check_truthful(run_sweep(tmp_path, [*TWO_RUNS, "eval.num_prompts=4"]), runs=2, videos=4)["exit"] == 0

@@ -114,7 +114,7 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
             return "skipped", "wandb pending" if wandb_pending() else "already finished"
         lock = store.run_lock(run.run_id)
         if not wait and job is not None and job.state in ACTIVE_STATES and not store.has_record(run.run_id):
-            return "queued", f"SLURM job {job.job_id} is {job.state}: the rerun after it ends finds its record"
+            return "queued", _queued(job.job_id)
         if not store.has_record(run.run_id) and lock.is_held_elsewhere():
             if not wait:
                 return "missing", f"in progress elsewhere: {lock.describe_holder()}"
@@ -140,12 +140,16 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
         except (OSError, ValueError):
             return "failed", f"see {error}"
     if job is not None and job.state in ACTIVE_STATES:
-        return "queued", f"SLURM job {job.job_id} is {job.state}: the rerun after it ends finds its record"
+        return "queued", _queued(job.job_id)
     if job is not None:
         reason = f": {job.reason}" if job.reason else ""
         return "missing", (f"no record: SLURM job {job.job_id} ended {job.state}{reason}; rerun the command to "
                            "finish it")
     return "missing", "no record: not run, interrupted, or its process was killed; rerun the command to finish it"
+
+
+def _queued(job_id: str) -> str:
+    return f"SLURM job {job_id} still queued or running: it finishes the run; the rerun then finds its record"
 
 
 def _wandb_note(results: dict, status: str) -> str:
