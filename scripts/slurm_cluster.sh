@@ -156,12 +156,13 @@ node_idle() {
 stop() {
   local i
   for (( i=${#DAEMONS[@]}-1; i>=0; i-- )); do
-    local name=${DAEMONS[$i]} f
+    local name=${DAEMONS[$i]} f pid
     f=$(pid_file "$name")
     if running "$name"; then
-      log "stopping $name (pid $(cat "$f"))"
-      kill "$(cat "$f")" 2>/dev/null || true
-      for _ in $(seq 30); do kill -0 "$(cat "$f")" 2>/dev/null || break; sleep 0.5; done
+      pid=$(cat "$f")   # read once: a daemon removes its own pid file as it exits
+      log "stopping $name (pid $pid)"
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     fi
     rm -f "$f"
   done
