@@ -201,3 +201,17 @@ def test_a_queued_job_is_queued_and_an_ended_one_says_how(tmp_path, monkeypatch)
     assert "queued: run run0 (rtn): SLURM job 7_0 still queued or running" in text
     assert "missing: run run1 (rtn): no record: SLURM job 7_1 ended CANCELLED: JOB 9 CANCELLED" in text
     assert "W&B" not in text  # no W&B failure for runs that have not ended
+
+
+def test_a_run_finished_by_an_orphan_of_a_lost_node_is_done_and_its_requeued_job_a_no_op(tmp_path, monkeypatch):
+    import jensenkv.run.slurm_launcher as launcher
+    from jensenkv.run.summary import outcome, PlannedRun
+    from jensenkv.tracking import ResultsStore
+
+    run = PlannedRun("0" * 16, tmp_path, "rtn", finished_before=False)
+    monkeypatch.setattr(ResultsStore, "has_record", lambda self, run_id: True)
+    monkeypatch.setattr(launcher, "_SWEEP", {run.run_id: launcher.SweepJob(run.run_id, "65_0", "PENDING")})
+    status, detail = outcome(run, started_at=0)
+    assert status == "done" and "65_0 is PENDING again, requeued after the record was written" in detail
+    monkeypatch.setattr(launcher, "_SWEEP", {run.run_id: launcher.SweepJob(run.run_id, "65_0", "CANCELLED")})
+    assert outcome(run, started_at=0) == ("done", "SLURM job 65_0 ended CANCELLED after the record was written")

@@ -171,7 +171,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         return returns
 
 
-STATE_SETTLE_S = 60  # how long an ended job may still read RUNNING/COMPLETING in sacct
+STATE_SETTLE_S = 20  # how long an ended job may still read RUNNING/COMPLETING in sacct
 
 
 def job_state(job: Any) -> str:

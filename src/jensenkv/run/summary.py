@@ -125,6 +125,9 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
         if store.has_record(run.run_id):
             if wandb_pending():
                 return "done", "wandb pending"
+            if job is not None and job.state in ACTIVE_STATES:  # requeued (node lost) after its orphan finished
+                return "done", (f"SLURM job {job.job_id} is {job.state} again, requeued after the record was "
+                                "written: it will find the record and do nothing")
             if job is not None and job.state not in ("COMPLETED", "UNKNOWN"):  # e.g. cancelled after its record
                 return "done", f"SLURM job {job.job_id} ended {job.state} after the record was written"
             return "done", ""
