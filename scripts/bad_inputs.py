@@ -93,14 +93,15 @@ def _empty_dir(folder: Path) -> str:
 
 
 def fake_slurm(folder: Path, refusal: str | None) -> str:
-    """A folder with ``srun`` and an ``sbatch`` that refuses (``sbatch: error: <refusal>``, exit 1) or, with
+    """A folder with ``srun``, an ``sinfo`` that lists no node, and an ``sbatch`` that refuses (``sbatch: error: <refusal>``, exit 1) or, with
     None, accepts a --test-only submission; each call's arguments are appended to ``sbatch.calls``."""
     folder.mkdir(parents=True, exist_ok=True)
     answer = (f"echo 'sbatch: error: {refusal}' >&2; exit 1" if refusal is not None
               else 'echo "sbatch: Job 1 to start at 2026-01-01T00:00:00 using 1 processors on nodes n1"; exit 0')
     (folder / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> "{folder}/sbatch.calls"\n{answer}\n')
     (folder / "srun").write_text("#!/bin/sh\nexit 0\n")
-    for name in ("sbatch", "srun"):
+    (folder / "sinfo").write_text("#!/bin/sh\nexit 1\n")  # no node list: the machine's own SLURM stays out of it
+    for name in ("sbatch", "srun", "sinfo"):
         (folder / name).chmod(0o755)
     return str(folder)
 

@@ -215,3 +215,14 @@ def test_a_run_finished_by_an_orphan_of_a_lost_node_is_done_and_its_requeued_job
     assert status == "done" and "65_0 is PENDING again, requeued after the record was written" in detail
     monkeypatch.setattr(launcher, "_SWEEP", {run.run_id: launcher.SweepJob(run.run_id, "65_0", "CANCELLED")})
     assert outcome(run, started_at=0) == ("done", "SLURM job 65_0 ended CANCELLED after the record was written")
+
+
+def test_a_node_configuration_refusal_names_the_resource_no_node_offers(tmp_path, monkeypatch):
+    from jensenkv.run.slurm_check import refused_setting
+
+    folder = _fake_slurm(tmp_path, monkeypatch, None)
+    (folder / "sinfo").write_text("#!/bin/sh\necho '2 24105 (null)'\n")  # one 2-CPU, 23 GB node, no GPU
+    message = "allocation failure: Requested node configuration is not available"
+    assert refused_setting(message, {"gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 64}) == ("mem_gb", 64)
+    assert refused_setting(message, {"gpus_per_node": 0, "cpus_per_task": 8, "mem_gb": 2}) == ("cpus_per_task", 8)
+    assert refused_setting(message, {"gpus_per_node": 1, "cpus_per_task": 1, "mem_gb": 2}) == ("gpus_per_node", 1)

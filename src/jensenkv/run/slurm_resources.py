@@ -86,5 +86,6 @@ def check_time_limit(launcher: Any) -> None:
         fail("hydra.launcher.signal_delay_s", delay,
              f"with hydra.launcher.timeout_min={timeout_min} the requeue signal may come {max(room, 0)} s after "
              f"the job starts (SLURM sends it up to {SLURM_EARLY_SIGNAL_S} s early), before the job can catch "
-             f"it (it needs {HANDLER_READY_S} s); set hydra.launcher.timeout_min>={shortest} or lower "
-             f"signal_delay_s to <= {max(timeout_min * 60 - SLURM_EARLY_SIGNAL_S - HANDLER_READY_S, 0)}")
+             f"it (it needs {HANDLER_READY_S} s); set hydra.launcher.timeout_min>={shortest}"
+             + (f" or signal_delay_s<={lowest}" if (lowest := timeout_min * 60 - SLURM_EARLY_SIGNAL_S
+                                                      - HANDLER_READY_S) > 0 else ""))
