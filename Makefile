@@ -67,10 +67,11 @@ test: setup text ## run the test suite (fast tests; CI runs this; 9-18 min on a 
 # install the packages, and the set is skipped with one line. The cluster stays up for a rerun:
 # `make slurm-cluster-stop` stops its daemons.
 test-slurm: setup ## scheduler faults on a single-node SLURM cluster started here (root; CI runs it after `test`)
-	@scripts/slurm_cluster.sh install || { rc=$$?; if [ $$rc = 3 ]; then \
-		echo "test-slurm: SKIPPED: apt-get cannot install slurm-wlm, slurmdbd, munge and mariadb-server here"; exit 0; fi; exit $$rc; }
-	scripts/slurm_cluster.sh start
-	$(PY) -m pytest -q -s -p no:cacheprovider -m slurm tests/slurm
+	@if scripts/slurm_cluster.sh install; then \
+		scripts/slurm_cluster.sh start && $(PY) -m pytest -q -s -p no:cacheprovider -m slurm tests/slurm; \
+	else rc=$$?; if [ $$rc = 3 ]; then \
+		echo "test-slurm: SKIPPED: apt-get cannot install slurm-wlm, slurmdbd, munge and mariadb-server here"; \
+	else exit $$rc; fi; fi
 
 slurm-cluster-stop: ## stop the test cluster's daemons (by their PIDs)
 	scripts/slurm_cluster.sh stop
