@@ -84,7 +84,7 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 	# beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
 	# and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
 	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn,rtn_dither correction=taylor2 quant.rotation_seed=0 hydra/launcher=local_parallel
-	$(PY) -m jensenkv.calibrate model=tiny quant=rtn correction=taylor --name tiny-rtn-int2-g32-taylor
+	$(PY) -m jensenkv.calibration model=tiny quant=rtn correction=taylor --name tiny-rtn-int2-g32-taylor
 	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn correction=taylor quant.rotation_seed=0 \
 		attention.calibration=results/calibration/tiny-rtn-int2-g32-taylor.json
 	$(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel

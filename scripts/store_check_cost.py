@@ -36,9 +36,11 @@ def build_store(root: Path, runs: int) -> None:
 
     from jensenkv.eval.attention import SUMMARY_KEYS, summarize_probes
     from jensenkv.quant import QuantConfig
-    from jensenkv.record_check import identity_labels
-    from jensenkv.tracking import (ATTENTION_FILE, ResultsStore, atomic_write, atomic_write_json, config_hash,
-                                   file_sha256, sealed)
+    from jensenkv.store.record_check import identity_labels
+    from jensenkv.hashing import config_hash
+    from jensenkv.store.files import atomic_write, atomic_write_json, file_sha256, sealed
+    from jensenkv.store.record import ATTENTION_FILE
+    from jensenkv.store.results import ResultsStore
 
     rng = np.random.default_rng(0)
     store = ResultsStore(root)
@@ -89,9 +91,9 @@ def cpu_times(call, repeats: int) -> tuple[float, float]:
 
 def cold(call):
     """``call()`` as a process's first read: no file digest kept yet."""
-    from jensenkv import record_check
+    from jensenkv.store import files as store_files
 
-    getattr(record_check, "_FILE_DIGESTS", {}).clear()  # (none before the digests)
+    store_files._FILE_DIGESTS.clear()
     return call()
 
 
@@ -102,7 +104,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="build the store here and keep it")
     parser.add_argument("--reuse", type=Path, default=None, help="time a store built before (--keep)")
     args = parser.parse_args()
-    from jensenkv.tracking import load_attention, load_results
+    from jensenkv.report.store_frame import load_attention, load_results
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.reuse or args.keep or Path(tmp) / "results"

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jensenkv.quant import QuantConfig
-from jensenkv.tracking import ResultsStore, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.store.results import ResultsStore
 
 MODEL = "synthetic-video-model"
 BF16_REASON = "BF16 run: it is its own reference"
@@ -16,8 +17,8 @@ BF16_REASON = "BF16 run: it is its own reference"
 
 def explain_missing(record: dict) -> dict:
     """``record`` as the runner writes it: every metric its identity asks for that a video or the run lacks
-    gets a reason (a BF16 run is its own reference), so the store reads as sound (jensenkv.record_check)."""
-    from jensenkv.record_check import has_metric
+    gets a reason (a BF16 run is its own reference), so the store reads as sound (jensenkv.store.record_check)."""
+    from jensenkv.store.record_check import has_metric
 
     reason = BF16_REASON if record["labels"]["method"] == "none" else "not computed in this synthetic store"
     for holder in (record, *record["per_prompt"]):

@@ -211,3 +211,33 @@ def test_config_from_hydra_node():
     cfg = CacheConfig.from_dict(node)
     # per-channel keys with the default uint8 integer zero: KIVI layout, not KIVI's min-aligned zero
     assert cfg.key.label == "kivi+integer" and cfg.key.bits == 4 and cfg.value.method == "none"
+
+
+def test_one_segment_type_for_cache_views_and_hand_built_chunks():
+    """A cache's view and a hand-built segment are one type with the same typed fields: stored forms always
+    present, shapes and has_steps known without dequantizing, a hand-built tensor kept as given (its dtype too)."""
+    from jensenkv.cache import GivenTensor, Segment
+    from jensenkv.correction import GroupSteps
+
+    cache = ChunkedKVCache(CacheConfig(key=QuantConfig(bits=2, group_size=8), value=QuantConfig(bits=2, group_size=8),
+                                       sink_chunks=1), head_dim=16)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        cache.commit(torch.randn(2, 3, 5, 16, generator=gen), torch.randn(2, 3, 5, 16, generator=gen))
+    sink, quantized = cache.segments()
+    assert type(sink) is type(quantized) is Segment
+    assert (sink.has_steps, quantized.has_steps) == (False, True) and sink.steps is None
+    assert quantized.k_shape == (2, 3, 5, 16) and "k" not in vars(quantized)  # the shape built nothing
+    assert quantized.steps.step.shape[:3] == (2, 3, 5)
+
+    k = torch.randn(2, 3, 4, 16, dtype=torch.float64, generator=gen)
+    steps = GroupSteps(torch.rand(2, 3, 4, 2, dtype=torch.float64, generator=gen))
+    built = Segment(k, k.flip(-1), steps)
+    assert isinstance(built.stored_k, GivenTensor) and built.k is k and built.k.dtype == torch.float64
+    assert built.has_steps and built.steps is steps and not Segment(k, k).has_steps
+    video = built.video(1)
+    assert torch.equal(video.k, k[1:2]) and torch.equal(video.steps.step, steps.step[1:2])
+    wide = quantized.expanded(2)
+    assert wide.k_shape == (2, 6, 5, 16) and torch.equal(wide.k[:, 1], quantized.k[:, 0])
+    with pytest.raises(ValueError, match="steps is not allowed with stored keys"):
+        Segment(quantized.stored_k, quantized.stored_v, steps)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from jensenkv.attention.diagnostics import HEAD_MOMENT_KEYS
-from jensenkv.calibrate import calibrate_overrides, fit_strengths, main
+from jensenkv.calibration.fit import calibrate_overrides, fit_strengths, main
 from jensenkv.attention.config import layer_strengths
 from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
 from jensenkv.config import AttentionConfig
@@ -67,7 +67,7 @@ def test_t_intervals_cover_with_few_clusters_where_1_96_does_not() -> None:
     """8 videos whose per-video offsets dominate the noise: the cluster-robust SE is right, but 1.96 SE covers
     the true strength only ~0.91 of the time; the t(7) interval (2.36 SE) covers ~0.95 (1,500 data sets: coverage
     SE 0.006)."""
-    from jensenkv.calibrate import strength_interval, t_critical
+    from jensenkv.calibration.fit import strength_interval, t_critical
 
     assert t_critical(8) == pytest.approx(2.3646, abs=1e-4) and np.isnan(t_critical(1))
     rng = np.random.default_rng(3)
@@ -89,7 +89,7 @@ def test_t_intervals_cover_with_few_clusters_where_1_96_does_not() -> None:
 def test_shrinking_strengths_by_their_standard_error() -> None:
     """s' = target + w (s - target), w = d^2 / (d^2 + SE^2): a precise entry keeps its fit, a noisy one moves to
     the target, one without SE is the target."""
-    from jensenkv.calibrate import shrink_strengths
+    from jensenkv.calibration.fit import shrink_strengths
 
     s = np.array([[3.0, 3.0, 1.0, -2.0]])
     se = np.array([[0.01, 2.0, 0.5, np.nan]])

@@ -14,7 +14,10 @@ import pytest
 from jensenkv.report.claims import build_report, main, render, write_claims
 from jensenkv.report.diagnostics import per_layer, plot_diagnostics, reading, uncorrected_diagnostics
 from jensenkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, decide, side_of, summarize
-from jensenkv.tracking import COMPARED, ResultsStore, atomic_write, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.report.store_frame import COMPARED
+from jensenkv.store.files import atomic_write
+from jensenkv.store.results import ResultsStore
 from report_testkit import explain_missing
 
 # 8 prompts: the independent units of every test (the exact sign-flip floor is 2/2^8, below 0.05 after Holm)

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from jensenkv.record_check import DamagedStoreError
+from jensenkv.store.record import DamagedStoreError
 from jensenkv.report.table1 import build_table1
 from jensenkv.report.table1 import main as table1_main
 from jensenkv.run import run_overrides
 from jensenkv.run.summary import plan_runs
-from jensenkv.tracking import ResultsStore, load_attention, load_results
+from jensenkv.report.store_frame import load_attention, load_results
+from jensenkv.store.results import ResultsStore
 from pipeline_testkit import fast_overrides
 
 SETTINGS = ("eval.metrics=[psnr,attention,content]", "eval.seeds=[0,1]", "quant.bits=2", "quant.group_size=32",

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from jensenkv.run.summary import PlannedRun, run_with_summary, summarize
-from jensenkv.tracking import FileLock, LockError, ResultsStore
+from jensenkv.store.lock import FileLock, LockError
+from jensenkv.store.results import ResultsStore
 
 from pipeline_testkit import fast_overrides  # noqa: E402
 
@@ -38,7 +39,7 @@ def test_a_live_pid_without_a_start_time_is_stale_once_its_heartbeat_is(tmp_path
     assert not FileLock(path).try_acquire()  # beating: respected
     assert "stops its heartbeat for 0.5s" in FileLock(path).describe_holder()  # the promise ...
     path.write_text(json.dumps({**holder, "heartbeat": time.time() - 3683}))
-    with caplog.at_level("WARNING", logger="jensenkv.tracking"):
+    with caplog.at_level("WARNING", logger="jensenkv.store"):
         lock = FileLock(path)
         assert lock.try_acquire()  # ... kept: taken over, although the PID is alive
     assert "no heartbeat for 3683s (> 0.5s)" in caplog.text
@@ -127,7 +128,7 @@ def test_ctrl_c_while_checking_is_one_line(monkeypatch, capsys):
 # --- 3. calibration: --out is checked before any video --------------------------------------------------
 @pytest.mark.parametrize("where", ["under a file", "/proc", "a folder"])
 def test_calibrate_refuses_an_unwritable_out_before_any_video(tmp_path, monkeypatch, capsys, where):
-    from jensenkv.calibrate import main
+    from jensenkv.calibration.fit import main
 
     (tmp_path / "file").write_text("x")
     out = {"under a file": tmp_path / "file" / "cal.json", "/proc": Path("/proc/x.json"),
@@ -148,7 +149,7 @@ def test_a_kill_during_the_wandb_marker_write_leaves_nothing_after_the_next_run(
     holding the run's lock, so it owns the folder and removes the leftover, whatever its age."""
     from jensenkv.run import run_overrides
     from jensenkv.run.runner import Runner
-    from jensenkv.tracking import atomic_write_json
+    from jensenkv.store.files import atomic_write_json
 
     overrides = fast_overrides(tmp_path, tiny_weights, "eval.metrics=[psnr]")
     record = run_overrides(overrides)
@@ -239,7 +240,7 @@ def test_a_full_disk_during_wandb_is_one_done_run_with_a_retried_log(tmp_path, t
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setattr(logging, "raiseExceptions", True)  # restored after the test
-    monkeypatch.setattr("jensenkv.tracking.WandbRun", _FullDiskWandb)
+    monkeypatch.setattr("jensenkv.run.wandb.WandbRun", _FullDiskWandb)
 
     class FullDisk:  # a log file on the full disk
         def write(self, text):

@@ -2,6 +2,7 @@
 warns at import (diffusers would import bitsandbytes, whose CPU backend asks the Hub for a kernel)."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -34,6 +35,56 @@ def test_importing_the_run_cli_loads_no_table_kernel_or_quantization_library():
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def imported_modules(statement: str) -> list[str]:
+    """Every module ``statement`` imports in a fresh interpreter, from ``python -X importtime``."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", statement], env=_env(), capture_output=True,
+                         text=True, timeout=120, check=True)
+    return [line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")
+            and not line.rstrip().endswith("| imported package")]
+
+
+def test_importing_the_config_loads_no_pandas():
+    """The config tree is built before any table: pandas is loaded by the report alone (torch's own tqdm still
+    imports its ``tqdm._tqdm_pandas`` hook module, which imports no pandas)."""
+    modules = imported_modules("import jensenkv.config")
+    assert "jensenkv.config" in modules and "jensenkv.logger_config" in modules
+    assert [m for m in modules if m.split(".")[0] == "pandas"] == []
+
+
+def test_the_store_and_the_runner_load_no_pandas_at_import():
+    modules = imported_modules("import jensenkv.store.results, jensenkv.store.llm, jensenkv.run.runner, "
+                               "jensenkv.run.wandb, jensenkv.eval.scoring")
+    assert "jensenkv.store.record_check" in modules
+    assert [m for m in modules if m.split(".")[0] in ("pandas", "wandb")] == []
+
+
+def module_level_pandas(src: Path, above: tuple[str, ...]) -> list[str]:
+    """Modules under ``src`` (those of the packages ``above`` left out) importing pandas in their module body."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).parts[0] in above:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "pandas" for name in names):
+                found.append(str(path.relative_to(src)))
+    return found
+
+
+def test_nothing_below_the_report_imports_pandas_at_module_level(tmp_path):
+    src = Path(__file__).resolve().parents[1] / "src" / "jensenkv"
+    above = ("report", "run", "bench", "doctor.py")  # the report and the layers above it (calibration.fit: none)
+    assert module_level_pandas(src, above) == []
+    (tmp_path / "planted.py").write_text("import pandas as pd\n")
+    (tmp_path / "lazy.py").write_text("def f():\n    import pandas\n")
+    assert module_level_pandas(tmp_path, ()) == ["planted.py"]
+
+
+def test_the_import_listing_sees_pandas_once_it_is_imported():
+    assert "pandas" in imported_modules("import jensenkv.report.store_frame, pandas")
 
 
 def test_a_built_in_model_run_imports_no_bitsandbytes_looks_up_no_host_and_warns_nothing(tmp_path: Path):

@@ -67,7 +67,7 @@ def test_the_model_parameter_shows_the_other_model(tmp_path, monkeypatch):
 
     for name in (OTHER_MODEL, BUILT_IN_MODEL):
         build_store(tmp_path / "results", model=name)
-    from jensenkv.tracking import load_results
+    from jensenkv.report.store_frame import load_results
 
     table = load_results(tmp_path / "results")
     other = set(table.loc[table["model"] == OTHER_MODEL, "run_id"])

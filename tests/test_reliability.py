@@ -18,7 +18,9 @@ import torch
 
 from jensenkv.config import ModelConfig
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
-from jensenkv.tracking import ResultsStore, ResultsWriteError, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.files import ResultsWriteError
+from jensenkv.store.results import ResultsStore
 
 from pipeline_testkit import fast_overrides, write_random_tiny_weights  # noqa: E402
 
@@ -116,21 +118,21 @@ def test_a_read_only_results_dir_fails_before_any_work(tmp_path, weights, monkey
 
 
 def test_a_full_disk_fails_in_one_line_and_the_rerun_finishes(tmp_path, weights, monkeypatch):
-    import jensenkv.tracking as tracking
+    import jensenkv.store.files as files
 
-    real = tracking.atomic_write
+    real = files.atomic_write
 
     def full(path, *args, **kwargs):
         if Path(path).parent.name == "prompts":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(tracking, "atomic_write", full)
+    monkeypatch.setattr(files, "atomic_write", full)
     overrides = fast_overrides(tmp_path, weights, "eval.metrics=[psnr]")
     with pytest.raises(ResultsWriteError, match="no space left") as info:
         run_overrides(overrides)
     assert "\n" not in str(info.value)
-    monkeypatch.setattr(tracking, "atomic_write", real)
+    monkeypatch.setattr(files, "atomic_write", real)
     assert run_overrides(overrides)["metrics"]["psnr"] > 0
     assert _leftovers(tmp_path) == []
 
@@ -151,7 +153,7 @@ def test_nan_weights_fail_the_run_instead_of_a_perfect_record(tmp_path, weights)
 
 # --- threads ---------------------------------------------------------------------------------------------
 def test_null_threads_share_the_cores_between_parallel_jobs(monkeypatch):
-    from jensenkv.run import runner
+    from jensenkv.run import environment as runner
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(runner, "available_cores", lambda: 16)
@@ -167,7 +169,7 @@ def test_null_threads_share_the_cores_between_parallel_jobs(monkeypatch):
 
 
 def test_a_run_with_null_threads_uses_the_default(tmp_path, weights, monkeypatch):
-    from jensenkv.run import runner
+    from jensenkv.run import environment as runner
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()

@@ -11,7 +11,7 @@ import torch
 from jensenkv.report.figures import jensen_bias_curves, plot_tradeoff
 from jensenkv.report.table1 import CSV_COLUMNS, main, paper_table, select_runs, write_table1
 from jensenkv.run import run_overrides
-from jensenkv.tracking import load_results
+from jensenkv.report.store_frame import load_results
 
 from pipeline_testkit import build_results_fixture, fast_overrides, write_random_tiny_weights  # noqa: E402
 
@@ -231,7 +231,7 @@ def test_intervals_and_paired_differences_come_from_the_per_video_values(three_p
 
 
 def test_layer_means_are_the_probes_per_layer_of_each_cell(results, written):
-    from jensenkv.tracking import load_attention
+    from jensenkv.report.store_frame import load_attention
 
     layers = pd.read_csv(written[1]["layers"])
     table = pd.read_csv(written[1]["csv"])

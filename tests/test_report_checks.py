@@ -13,7 +13,8 @@ from scipy import stats
 from jensenkv.report.checks import (calibration_cost_lines, checks_section, effect_lines, floor, noise_floor_section,
                                     teacher_forced_section)
 from jensenkv.report.options import load_options
-from jensenkv.tracking import ResultsStore, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.store.results import ResultsStore
 from test_claims import MODEL, PROMPTS, SEEDS, _noise, _write_run, build_store
 from report_testkit import video_means
 

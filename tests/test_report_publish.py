@@ -18,7 +18,9 @@ import torch
 from jensenkv.report import claims, figures, table1
 from jensenkv.report.publish import PARTIAL, Part, publish, shown_path
 from jensenkv.report.selection import comparable
-from jensenkv.tracking import ResultsStore, config_hash, load_results
+from jensenkv.hashing import config_hash
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "results"

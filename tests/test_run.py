@@ -13,7 +13,8 @@ import torch
 import jensenkv.generate
 import jensenkv.run as run_module
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 from pipeline_testkit import fast_overrides, write_random_tiny_weights  # noqa: E402
 
@@ -144,10 +145,10 @@ def test_an_interrupted_run_resumes_at_the_first_unfinished_prompt(batch, tmp_pa
     overrides = fast_overrides(tmp_path, weights, "eval.num_prompts=2", f"generation.batch_size={batch}")
     real = Runner.score
 
-    def die_on_second(self, index, *args):
-        if index == 1:
+    def die_on_second(self, video, *args):
+        if video.index == 1:
             raise KeyboardInterrupt
-        return real(self, index, *args)
+        return real(self, video, *args)
 
     monkeypatch.setattr(Runner, "score", die_on_second)
     with pytest.raises(KeyboardInterrupt):
@@ -395,3 +396,18 @@ def test_a_batch_that_does_not_fit_names_the_batch_size(tmp_path, weights, monke
     with pytest.raises(ValueError, match=r"generation.batch_size=8: a batch of 2 videos does not fit on cpu "
                                          r"\(CUDA out of memory.*\); use generation.batch_size=1"):
         run_overrides(overrides)
+
+
+def test_a_record_holds_exactly_the_fields_of_its_type(tmp_path, weights):
+    """The record's type (jensenkv.store.record) is its contract: a real run's record, its videos and its files
+    hold the fields the types declare, no more, and every required one."""
+    from typing import get_type_hints
+
+    from jensenkv.store.record import FileEntry, SealedRecord, VideoResult
+
+    record = run_overrides(fast_overrides(tmp_path, weights, "eval.metrics=[psnr,attention,teacher_forced]"))
+    assert set(record) == set(get_type_hints(SealedRecord)) == SealedRecord.__required_keys__
+    for video in record["per_prompt"]:
+        assert VideoResult.__required_keys__ <= set(video) <= set(get_type_hints(VideoResult))
+        assert {"cache_bytes", "teacher_forced"} <= set(video)
+    assert record["files"] and all(set(entry) <= set(get_type_hints(FileEntry)) for entry in record["files"].values())

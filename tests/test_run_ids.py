@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from jensenkv.spec import compose_config, resolve
-from jensenkv.tracking import config_hash
+from jensenkv.hashing import config_hash
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "run_ids.json"

@@ -206,7 +206,7 @@ def test_a_queued_job_is_queued_and_an_ended_one_says_how(tmp_path, monkeypatch)
 def test_a_run_finished_by_an_orphan_of_a_lost_node_is_done_and_its_requeued_job_a_no_op(tmp_path, monkeypatch):
     import jensenkv.run.slurm_launcher as launcher
     from jensenkv.run.summary import outcome, PlannedRun
-    from jensenkv.tracking import ResultsStore
+    from jensenkv.store.results import ResultsStore
 
     run = PlannedRun("0" * 16, tmp_path, "rtn", finished_before=False)
     monkeypatch.setattr(ResultsStore, "has_record", lambda self, run_id: True)

@@ -9,9 +9,10 @@ import math
 import pytest
 
 from jensenkv.quant import QuantConfig
-from jensenkv.record_check import identity_labels
+from jensenkv.store.record_check import identity_labels
 from jensenkv.report.table1 import build_table1, main
-from jensenkv.tracking import ResultsStore, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.store.results import ResultsStore
 from report_testkit import explain_missing
 
 PROMPTS = ("a red square moving right on a dark background", "a blue circle moving up on a gradient background")

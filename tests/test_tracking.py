@@ -7,17 +7,14 @@ import time
 
 import pytest
 
-from jensenkv.tracking import (
-    CorruptRecordError,
-    FileLock,
-    ResultsStore,
-    WandbRun,
-    atomic_write,
-    atomic_write_json,
-    config_hash,
-    load_results,
-    resolve_wandb_mode,
-)
+from jensenkv.hashing import config_hash
+from jensenkv.logger_config import resolve_wandb_mode
+from jensenkv.report.store_frame import load_results
+from jensenkv.run.wandb import WandbRun
+from jensenkv.store.files import atomic_write, atomic_write_json
+from jensenkv.store.lock import FileLock
+from jensenkv.store.record import CorruptRecordError
+from jensenkv.store.results import ResultsStore
 
 
 def _record(name: str, **metrics) -> dict:
@@ -174,7 +171,7 @@ def test_another_hosts_lock_is_respected_while_it_heartbeats_and_taken_over_afte
     _holder(path, host="other-node", pid=1, heartbeat=time.time())
     assert not FileLock(path, stale_after_s=60).try_acquire()
     _holder(path, host="other-node", pid=1, heartbeat=time.time() - 61)  # preempted: no heartbeat for 61 s
-    with caplog.at_level("WARNING", logger="jensenkv.tracking"):
+    with caplog.at_level("WARNING", logger="jensenkv.store"):
         assert FileLock(path, stale_after_s=60).try_acquire()
     assert "other-node" in caplog.text and "no heartbeat" in caplog.text
 
@@ -188,13 +185,13 @@ def test_a_reused_pid_does_not_keep_a_lock_alive(tmp_path):
 
 
 def test_a_lease_is_renewed_while_held_and_lost_to_nobody(tmp_path, monkeypatch):
-    import jensenkv.tracking as tracking
+    import jensenkv.store.lock as lock_module
 
     path = tmp_path / "x.lock"
     holder = FileLock(path, stale_after_s=0.6, heartbeat_s=0.05)
     assert holder.try_acquire()
     first = json.loads(path.read_text())["heartbeat"]
-    monkeypatch.setattr(tracking.socket, "gethostname", lambda: "another-node")  # seen from another host
+    monkeypatch.setattr(lock_module.socket, "gethostname", lambda: "another-node")  # seen from another host
     time.sleep(1.0)
     assert json.loads(path.read_text())["heartbeat"] > first
     assert not FileLock(path, stale_after_s=0.6).try_acquire()  # renewed: still live after > stale_after_s
@@ -213,7 +210,7 @@ def test_waiting_for_a_lock_says_who_holds_it_and_ends_when_the_lease_runs_out(t
     path = tmp_path / "x.lock"
     _holder(path, host="other-node", pid=7, heartbeat=time.time())
     lock = FileLock(path, stale_after_s=0.5)
-    with caplog.at_level("WARNING", logger="jensenkv.tracking"):
+    with caplog.at_level("WARNING", logger="jensenkv.store"):
         lock.acquire(poll_s=0.05)
     assert lock.held and "waiting for host other-node, pid 7" in caplog.text
     lock.release()
@@ -227,7 +224,7 @@ def test_only_one_of_many_processes_takes_over_a_stale_lock(tmp_path):
     path = tmp_path / "x.lock"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     _holder(path, host=socket.gethostname(), pid=int(dead.stdout), heartbeat=time.time())
-    script = ("import sys, time; from jensenkv.tracking import FileLock; lock = FileLock(sys.argv[1]); "
+    script = ("import sys, time; from jensenkv.store.lock import FileLock; lock = FileLock(sys.argv[1]); "
               "time.sleep(max(0, float(sys.argv[2]) - time.time())); print(lock.try_acquire()); time.sleep(1)")
     start = str(time.time() + 8)  # after every import: all try at once
     procs = [subprocess.Popen([sys.executable, "-c", script, str(path), start], stdout=subprocess.PIPE, text=True)
@@ -248,7 +245,7 @@ def test_atomic_writes_make_files_with_the_usual_permissions(tmp_path):
 def test_portable_drops_machine_paths():
     from pathlib import Path
 
-    from jensenkv.tracking import portable
+    from jensenkv.store.files import portable
 
     home = str(Path.home())
     assert portable(f"put it in {home}/.cache/torch/hub") == "put it in ~/.cache/torch/hub"

@@ -12,7 +12,8 @@ from two_models import with_second_model
 from jensenkv.eval.video_files import LONG_SIDE, UPSCALED_DIR, load_mp4, upscale, upscale_factor
 from jensenkv.report.model_choice import BUILT_IN_MODEL
 from jensenkv.report.videos import GAP, LABEL_HEIGHT, plan_strips, write_strips
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 
 def test_upscale_is_nearest_neighbour_by_an_integer_factor():

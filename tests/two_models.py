@@ -10,7 +10,8 @@ import json
 import shutil
 from pathlib import Path
 
-from jensenkv.tracking import ResultsStore, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.store.results import ResultsStore
 
 OTHER_MODEL = "a-second-model"  # sorts before the built-in model's name: the built-in one must still be chosen
 

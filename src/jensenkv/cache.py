@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 
@@ -37,7 +37,7 @@ from jensenkv.quant import QuantConfig, QuantizedTensor, make_quantizer
 from jensenkv.quant.config import FLOAT_DTYPES
 from jensenkv.quant.samples import stack_samples, video_of
 from jensenkv.quant.store import ChunkStore
-from jensenkv.quant.tensors import FullPrecisionTensor
+from jensenkv.quant.tensors import FullPrecisionTensor, tensor_nbytes
 
 BF16_BYTES = 2
 
@@ -142,17 +142,6 @@ class CacheConfig:
 
 
 @dataclass
-class CacheSegment:
-    """One cached chunk given as tensors (e.g. built by hand for tests); attention reads these fields."""
-
-    k: torch.Tensor  # (B, H, K, D) float32, dequantized, original basis
-    v: torch.Tensor  # (B, H, K, D) float32
-    steps: GroupSteps | None  # None when the keys are full precision (sink chunk or key method "none")
-    k_ref: torch.Tensor | None = None  # (B, H, K, D) full-precision keys when keep_reference
-    v_ref: torch.Tensor | None = None  # (B, H, K, D)
-
-
-@dataclass
 class _StoredChunk:
     index: int  # commit order, 0-based
     is_sink: bool
@@ -164,66 +153,159 @@ class _StoredChunk:
     store_keys: tuple = (None, None)  # the layer buffers holding k and v (None: the chunk's own tensors)
 
 
-class StoredSegment:
-    """A visible chunk as a lazy view of its stored form (what ``ChunkedKVCache.segments()`` returns).
+class GivenTensor(QuantizedTensor):
+    """A hand-built segment's keys or values, kept as given (tests, diagnostics, the LLM cache's head-expanded
+    copies): already dequantized, in their own dtype, with the quantization steps they were given (None: full
+    precision). ``dequantize`` returns the tensor itself, so a float64 segment stays float64 for the oracle."""
 
-    The fast attention paths read ``stored_k`` / ``stored_v`` and dequantize into the shared workspace.
-    ``k``, ``v`` and ``steps`` (the CacheSegment fields, for the oracle, probes and user code) are built on
-    first access and kept by this view only: dropping the view frees them.
+    def __init__(self, data: torch.Tensor, steps: GroupSteps | None = None):
+        self.data = data  # (B, H, S, D) as given: never written
+        self.steps = steps  # step (B, H, S, G) and rotation, or None
+        self.shape = tuple(data.shape)
+        self.rotation = None  # the data is in the original basis; a rotation lives in ``steps``
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.data)
+
+    def _dequantize_rotated(self) -> torch.Tensor:
+        return self.data
+
+    def dequantize(self) -> torch.Tensor:
+        return self.data  # (B, H, S, D) in the given dtype (not cast to float32)
+
+    def group_steps(self) -> GroupSteps | None:
+        return self.steps
+
+    def video(self, b: int) -> GivenTensor:
+        """Video b's rows (1, H, S, D), a view."""
+        own = slice(b, b + 1)
+        return GivenTensor(self.data[own], None if self.steps is None else GroupSteps(self.steps.step[own],
+                                                                                      self.steps.rotation))
+
+
+def carries_steps(stored: QuantizedTensor) -> bool:
+    """Whether stored keys carry quantization steps (known from the form alone: nothing is built)."""
+    if isinstance(stored, GivenTensor):
+        return stored.steps is not None
+    return not isinstance(stored, FullPrecisionTensor)
+
+
+KV = Literal["k", "v"]
+
+
+class Segment:
+    """One cached chunk as every attention path reads it: its stored keys and values (what the fast paths read
+    and dequantize into the shared workspace), their shapes, whether the keys carry steps, and the optional
+    full-precision references of the probes.
+
+    A cache's segments (``ChunkedKVCache.segments()``) are views of the chunks' stored forms; a hand-built one
+    (``Segment.from_tensors``) wraps its tensors as ``GivenTensor``s. ``k``, ``v`` and ``steps`` are built from
+    the stored form on first access and kept by this segment only: dropping it frees them.
     """
 
-    from_cache = True  # shapes and steps are consistent by construction (validation may skip them)
+    def __init__(self, k: QuantizedTensor | torch.Tensor, v: QuantizedTensor | torch.Tensor,
+                 steps: GroupSteps | None = None, k_ref: torch.Tensor | None = None, v_ref: torch.Tensor | None = None):
+        """k, v: the stored forms, or tensors (B, H, K, D) / (B, H, K, Dv) of a hand-built segment, kept as
+        ``GivenTensor``s with the keys' ``steps`` (None: full precision; stored keys carry their own)."""
+        if isinstance(k, torch.Tensor):
+            k = GivenTensor(k, steps)
+        elif steps is not None:
+            raise ValueError("steps is not allowed with stored keys: a stored form carries its own steps")
+        self.stored_k: QuantizedTensor = k
+        self.stored_v: QuantizedTensor = GivenTensor(v) if isinstance(v, torch.Tensor) else v
+        self.k_ref = k_ref  # (B, H, K, D) full-precision keys (keep_reference, probes only) or None
+        self.v_ref = v_ref  # (B, H, K, Dv)
+        self.k_shape: tuple[int, ...] = tuple(self.stored_k.shape)  # (B, H, K, D)
+        self.v_shape: tuple[int, ...] = tuple(self.stored_v.shape)  # (B, H, K, Dv)
+        self.has_steps = carries_steps(self.stored_k)  # False: full-precision keys, never corrected
 
-    def __init__(self, chunk: _StoredChunk):
-        self.stored_k: QuantizedTensor = chunk.k
-        self.stored_v: QuantizedTensor = chunk.v
-        self.k_ref = chunk.k_ref  # (B, H, S, D) or None
-        self.v_ref = chunk.v_ref
-        self.k_shape = tuple(chunk.k.shape)  # (B, H, S, D)
-        self.v_shape = tuple(chunk.v.shape)  # (B, H, S, Dv)
-        self.has_steps = not isinstance(chunk.k, FullPrecisionTensor)
+    @classmethod
+    def from_tensors(cls, k: torch.Tensor, v: torch.Tensor, steps: GroupSteps | None = None,
+                     k_ref: torch.Tensor | None = None, v_ref: torch.Tensor | None = None) -> Segment:
+        """A hand-built segment: k (B, H, K, D) dequantized keys with their ``steps`` (None: full precision),
+        v (B, H, K, Dv), and the optional full-precision references."""
+        return cls(GivenTensor(k, steps), GivenTensor(v), k_ref=k_ref, v_ref=v_ref)
 
-    def video(self, b: int) -> StoredSegment:
-        """Video b's rows of this chunk as a view of the stored form that video would have alone."""
-        own = slice(b, b + 1)
-        chunk = _StoredChunk(-1, False, video_of(self.stored_k, b), video_of(self.stored_v, b), self.k_shape[2],
-                             None if self.k_ref is None else self.k_ref[own], None if self.v_ref is None else self.v_ref[own])
-        return StoredSegment(chunk)
+    def replace(self, **fields: Any) -> Segment:
+        """A hand-built copy with some of k, v, steps, k_ref, v_ref replaced (the others as this one's)."""
+        allowed = ("k", "v", "steps", "k_ref", "v_ref")
+        for name in fields:
+            if name not in allowed:
+                raise ValueError(f"Segment.replace({name}=...) is not allowed: the fields are {allowed}")
+        current = {name: getattr(self, name) for name in allowed}
+        return Segment.from_tensors(**{**current, **fields})
 
     @cached_property
     def k(self) -> torch.Tensor:
-        return self.stored_k.dequantize()  # (B, H, S, D) float32, original basis
+        return self.stored_k.dequantize()  # (B, H, K, D) original basis (float32 from a cache)
 
     @cached_property
     def v(self) -> torch.Tensor:
-        return self.stored_v.dequantize()  # (B, H, S, Dv) float32
+        return self.stored_v.dequantize()  # (B, H, K, Dv)
 
     @cached_property
     def steps(self) -> GroupSteps | None:
         return self.stored_k.group_steps() if self.has_steps else None
 
+    @property
+    def num_tokens(self) -> int:
+        return self.k_shape[2]
 
-def video_segment(seg: StoredSegment | CacheSegment, b: int) -> StoredSegment | CacheSegment:
-    """Video b's rows of a cached segment ((1, H, K, D)): a cache's view as the stored form it had alone
-    (so the fast paths read it as they would alone), a hand-built segment by slicing its tensors."""
-    if isinstance(seg, StoredSegment):
-        return seg.video(b)
-    own = slice(b, b + 1)
-    steps = None if seg.steps is None else GroupSteps(seg.steps.step[own], seg.steps.rotation)
-    return CacheSegment(seg.k[own], seg.v[own], steps, None if seg.k_ref is None else seg.k_ref[own],
-                        None if seg.v_ref is None else seg.v_ref[own])
+    def stored(self, name: KV) -> QuantizedTensor:
+        """The stored keys ("k") or values ("v")."""
+        return self.stored_k if name == "k" else self.stored_v
+
+    def shape(self, name: KV) -> tuple[int, ...]:
+        """(B, H, K, D) of the keys or (B, H, K, Dv) of the values, without dequantizing."""
+        return self.k_shape if name == "k" else self.v_shape
+
+    def dequantized(self, name: KV) -> torch.Tensor:
+        """``k`` or ``v``."""
+        return self.k if name == "k" else self.v
+
+    def reference(self, name: KV) -> torch.Tensor:
+        """The full-precision keys or values if kept, else the (possibly quantized) own."""
+        ref = self.k_ref if name == "k" else self.v_ref
+        return self.dequantized(name) if ref is None else ref
+
+    def video(self, b: int) -> Segment:
+        """Video b's rows ((1, H, K, D)): a cache's view as the stored form that video had alone (so the fast
+        paths read it as they would alone), a hand-built segment by slicing its tensors."""
+        own = slice(b, b + 1)
+        return Segment(_video_of(self.stored_k, b), _video_of(self.stored_v, b),
+                       k_ref=None if self.k_ref is None else self.k_ref[own],
+                       v_ref=None if self.v_ref is None else self.v_ref[own])
+
+    def expanded(self, groups: int) -> Segment:
+        """Its KV heads repeated for the query heads of each group, as a hand-built segment (nothing is
+        re-quantized; the keys are dequantized); itself when ``groups`` is 1."""
+        if groups == 1:
+            return self
+
+        def rep(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.repeat_interleave(groups, dim=1)  # (B, H_kv, K, D) -> (B, H, K, D)
+
+        steps = None if self.steps is None else GroupSteps(rep(self.steps.step), self.steps.rotation)
+        return Segment.from_tensors(rep(self.k), rep(self.v), steps, rep(self.k_ref), rep(self.v_ref))
 
 
-def expand_segment(seg: CacheSegment, groups: int) -> CacheSegment:
-    """A cached chunk with its KV heads repeated for the query heads of each group (nothing is re-quantized)."""
-    if groups == 1:
-        return seg
+def _video_of(stored: QuantizedTensor, b: int) -> QuantizedTensor:
+    return stored.video(b) if isinstance(stored, GivenTensor) else video_of(stored, b)
 
-    def rep(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.repeat_interleave(groups, dim=1)  # (B, H_kv, K, D) -> (B, H, K, D)
 
-    steps = None if seg.steps is None else GroupSteps(rep(seg.steps.step), seg.steps.rotation)
-    return CacheSegment(k=rep(seg.k), v=rep(seg.v), steps=steps, k_ref=rep(seg.k_ref), v_ref=rep(seg.v_ref))
+# The names of the two former segment types (a cache's view, a hand-built one): both are ``Segment`` now.
+StoredSegment = CacheSegment = Segment
+
+
+def video_segment(seg: Segment, b: int) -> Segment:
+    """Video b's rows of a cached segment (``Segment.video``)."""
+    return seg.video(b)
+
+
+def expand_segment(seg: Segment, groups: int) -> Segment:
+    """A cached chunk with its KV heads repeated for the query heads of each group (``Segment.expanded``)."""
+    return seg.expanded(groups)
 
 
 class ChunkedKVCache:
@@ -341,9 +423,9 @@ class ChunkedKVCache:
             self._release(chunk)
         self._chunks = sinks + recent[keep:]
 
-    def segments(self) -> list[StoredSegment]:
+    def segments(self) -> list[Segment]:
         """Visible chunks, oldest first, as lazy views of their stored form (nothing is dequantized here)."""
-        return [StoredSegment(chunk) for chunk in self._chunks]
+        return [Segment(chunk.k, chunk.v, k_ref=chunk.k_ref, v_ref=chunk.v_ref) for chunk in self._chunks]
 
     @property
     def chunk_indices(self) -> list[int]:

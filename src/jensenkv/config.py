@@ -7,7 +7,7 @@
       cache: CacheSettings          jensenkv.cache: values same|none, sink chunks, window, full-precision dtype
       attention: AttentionConfig    jensenkv.attention.config: backend, correction, strength, probes
       eval: EvalConfig              jensenkv.eval.config: prompts, seeds, metrics, LPIPS, VBench
-      logger: LoggerConfig          jensenkv.tracking: W&B
+      logger: LoggerConfig          jensenkv.logger_config: W&B
       paths: PathsConfig, threads, experiment_name
 
 Hydra composes ``configs/`` on top of these schemas (``register_configs`` puts ``RunConfig`` in Hydra's
@@ -39,7 +39,7 @@ from jensenkv.models.config import ModelConfig
 from jensenkv.models.registry import family
 from jensenkv.quant.config import QuantConfig
 from jensenkv.teacher_forced import check_teacher_forced
-from jensenkv.tracking import LoggerConfig
+from jensenkv.logger_config import LoggerConfig
 
 
 @dataclass
@@ -66,7 +66,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     threads: Optional[int] = None      # torch threads; null: 1 for the built-in model, else the cores shared out
-                                       # between parallel local jobs, at most 4 (run.runner.default_threads);
+                                       # between parallel local jobs, at most 4 (run.environment.default_threads);
                                        # OMP_NUM_THREADS, when set, wins
     experiment_name: str = "default"   # bookkeeping only (W&B group); not part of the run id
 

@@ -1,4 +1,4 @@
-"""The exit status of every command (``python -m jensenkv.run``, ``jensenkv.report.*``, ``jensenkv.calibrate``,
+"""The exit status of every command (``python -m jensenkv.run``, ``jensenkv.report.*``, ``jensenkv.calibration.fit``,
 ``jensenkv.doctor``, ...): one table, stated in each command's ``--help`` (``EPILOG``) and in the README, so a
 script can tell done from partial from damaged.
 

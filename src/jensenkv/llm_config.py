@@ -18,17 +18,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from jensenkv.attention._inputs import CAUSAL_BACKENDS
+from jensenkv.attention.backends import causal_backends
 from jensenkv.checks import check_choice, check_finite_tree, check_int, fail
 from jensenkv.config import PathsConfig
 from jensenkv.hashing import config_hash
-from jensenkv.llm_store import STORE_FOLDER
+from jensenkv.store.llm import STORE_FOLDER
 from jensenkv.llm.prefill import TREATMENTS
 from jensenkv.llm.text import SOURCES
 from jensenkv.quant import QuantConfig
 from jensenkv.quant.config import FLOAT_DTYPES
 from jensenkv.spec import CONFIG_DIR
-from jensenkv.tracking import LoggerConfig, resolve_wandb_mode
+from jensenkv.logger_config import LoggerConfig, resolve_wandb_mode
 
 
 @dataclass
@@ -74,7 +74,7 @@ class LlmAttentionConfig:
     diagnostic_quantizers: list[str] = field(default_factory=lambda: ["rtn"])
 
     def __post_init__(self) -> None:
-        check_choice("attention.backend", self.backend, CAUSAL_BACKENDS)
+        check_choice("attention.backend", self.backend, causal_backends())
         if self.probe_layers is not None and (isinstance(self.probe_layers, str) or not all(
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.probe_layers)):
             fail("attention.probe_layers", self.probe_layers, "use null (all) or a list of layer indices >= 0")

@@ -23,8 +23,8 @@ from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
 from jensenkv.models.registry import family
 from jensenkv.config_help import register_help_resolver
-from jensenkv.record_check import identity_labels
-from jensenkv.tracking import config_hash
+from jensenkv.store.record_check import identity_labels
+from jensenkv.hashing import config_hash
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # src/jensenkv/spec.py -> the checkout
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")

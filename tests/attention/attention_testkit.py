@@ -1,6 +1,6 @@
 """Random inputs for the attention tests: queries, a current chunk, and cached segments.
 
-Segments are ``jensenkv.cache.CacheSegment`` (the attention paths read only k, v, steps, k_ref, v_ref).
+Segments are ``jensenkv.cache.Segment.from_tensors`` (the attention paths read only k, v, steps, k_ref, v_ref).
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jensenkv.cache import CacheSegment
+from jensenkv.cache import Segment
 from jensenkv.correction import GroupSteps
 from jensenkv.quant.hadamard import RandomHadamard
 
@@ -18,7 +18,7 @@ class AttentionCase:
     q: torch.Tensor  # (B, H, Q, D)
     k_cur: torch.Tensor  # (B, H, R, D)
     v_cur: torch.Tensor  # (B, H, R, Dv)
-    segments: list[CacheSegment]
+    segments: list[Segment]
 
 
 def make_case(
@@ -48,7 +48,7 @@ def make_case(
         step = lo + (hi - lo) * torch.rand(batch, heads, n_keys, groups, generator=gen)  # (B, H, K, G)
         steps = GroupSteps(step.to(dtype), rotation) if with_steps else None
         k, v = rand(batch, heads, n_keys, head_dim), rand(batch, heads, n_keys, value_dim)
-        return CacheSegment(k=k, v=v, steps=steps, k_ref=k + 0.1 * rand(*k.shape), v_ref=v + 0.1 * rand(*v.shape))
+        return Segment.from_tensors(k=k, v=v, steps=steps, k_ref=k + 0.1 * rand(*k.shape), v_ref=v + 0.1 * rand(*v.shape))
 
     segments = [segment(12, True), segment(7, False), segment(5, True)]
     return AttentionCase(

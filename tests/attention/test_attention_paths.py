@@ -76,7 +76,7 @@ def test_oracle_bias_hits_quantized_cached_columns_only(correction: str) -> None
     args = (case.q, case.k_cur, case.v_cur)
     def with_steps(shift: float, factor: float) -> list:
         return [
-            dataclasses.replace(s, steps=GroupSteps(shift + factor * s.steps.step)) if s.steps else s
+            s.replace(steps=GroupSteps(shift + factor * s.steps.step)) if s.steps else s
             for s in case.segments
         ]
 
@@ -122,8 +122,7 @@ def test_flex_compiled_on_cuda_matches_oracle(correction: str, groups: int) -> N
     case = make_case(groups, True, seed=12, n_q=64)
     to_cuda = lambda t: t.cuda()  # noqa: E731
     segments = [
-        dataclasses.replace(
-            s, k=to_cuda(s.k), v=to_cuda(s.v), k_ref=None, v_ref=None,
+        s.replace(k=to_cuda(s.k), v=to_cuda(s.v), k_ref=None, v_ref=None,
             steps=dataclasses.replace(s.steps, step=to_cuda(s.steps.step)) if s.steps else None,
         )
         for s in case.segments
@@ -131,13 +130,13 @@ def test_flex_compiled_on_cuda_matches_oracle(correction: str, groups: int) -> N
     args = (to_cuda(case.q), to_cuda(case.k_cur), to_cuda(case.v_cur), segments, correction)
     expected = reference_attention(*args)
     assert relative_error(flex_cached_attention(*args), expected) <= 1e-4  # TF32-free fp32 kernel
-    bf16 = [dataclasses.replace(s, k=s.k.bfloat16(), v=s.v.bfloat16()) for s in segments]
+    bf16 = [s.replace(k=s.k.bfloat16(), v=s.v.bfloat16()) for s in segments]
     actual = flex_cached_attention(args[0].bfloat16(), args[1].bfloat16(), args[2].bfloat16(), bf16, correction)
     assert relative_error(actual, expected) <= 3e-2
 
 
 def _first_segment(case, **changes) -> dict:
-    return dict(segments=[dataclasses.replace(case.segments[0], **changes)])
+    return dict(segments=[case.segments[0].replace(**changes)])
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Per-head moments of the realized cached log-partition shift against the correction's bias: what
-``jensenkv.calibrate`` fits strengths from."""
+``jensenkv.calibration.fit`` fits strengths from."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 
 from attention_testkit import make_case
 from jensenkv.attention.diagnostics import HEAD_MOMENT_KEYS, head_shift_moments
-from jensenkv.calibrate import fit_strengths
+from jensenkv.calibration.fit import fit_strengths
 from jensenkv.correction import group_bias
 
 

@@ -7,7 +7,7 @@ import torch
 
 from attention_testkit import make_case, relative_error
 from jensenkv.attention import attention_probes, get_backend
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.cache import CacheConfig, Segment, ChunkedKVCache
 from jensenkv.correction import GroupSteps
 from jensenkv.quant import QuantConfig
 
@@ -60,7 +60,7 @@ def head_slice(c, h: int):
     def one(x):
         return None if x is None else x[:, h:h + 1]
 
-    segments = [CacheSegment(k=one(s.k), v=one(s.v), k_ref=one(s.k_ref), v_ref=one(s.v_ref),
+    segments = [Segment.from_tensors(k=one(s.k), v=one(s.v), k_ref=one(s.k_ref), v_ref=one(s.v_ref),
                              steps=None if s.steps is None else GroupSteps(one(s.steps.step), s.steps.rotation))
                 for s in c.segments]
     return one(c.q), one(c.k_cur), one(c.v_cur), segments

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from jensenkv.attention import attention_probes
-from jensenkv.cache import CacheSegment
+from jensenkv.cache import Segment
 from jensenkv.quant import QuantConfig, make_quantizer
 
 HEAD_DIM, HEADS, CHUNK, QUERIES = 128, 4, 128, 64
 
 
-def _int2_setup(seed: int, rotation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[CacheSegment]]:
+def _int2_setup(seed: int, rotation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Segment]]:
     gen = torch.Generator().manual_seed(seed)
     channel_mean = 0.5 * torch.randn(1, HEADS, 1, HEAD_DIM, generator=gen)  # (1, H, 1, D)
 
@@ -25,7 +25,7 @@ def _int2_setup(seed: int, rotation: str) -> tuple[torch.Tensor, torch.Tensor, t
     for _ in range(2):
         k, v = keys(), torch.randn(1, HEADS, CHUNK, HEAD_DIM, generator=gen)
         qk, qv = key_quantizer.quantize(k), value_quantizer.quantize(v)
-        segments.append(CacheSegment(k=qk.dequantize(), v=qv.dequantize(), steps=qk.group_steps(), k_ref=k, v_ref=v))
+        segments.append(Segment.from_tensors(k=qk.dequantize(), v=qv.dequantize(), steps=qk.group_steps(), k_ref=k, v_ref=v))
     k_cur = keys().bfloat16().float()  # the current chunk stays BF16
     v_cur = torch.randn(1, HEADS, CHUNK, HEAD_DIM, generator=gen).bfloat16().float()
     q = 2.0 * torch.randn(1, HEADS, QUERIES, HEAD_DIM, generator=gen)  # (1, H, Q, D)

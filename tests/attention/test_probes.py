@@ -1,7 +1,6 @@
 """attention_probes against direct full-matrix computations built on the oracle."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -29,7 +28,7 @@ def _attention_rows(case, segments, correction: str) -> torch.Tensor:
 
 
 def _reference_segments(case):
-    return [dataclasses.replace(s, k=s.k_ref, v=s.v_ref, steps=None) for s in case.segments]
+    return [s.replace(k=s.k_ref, v=s.v_ref, steps=None) for s in case.segments]
 
 
 @pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
@@ -67,7 +66,7 @@ def test_probes_equal_direct_computation(correction: str) -> None:
 
 def test_probes_vanish_when_quantized_equals_reference() -> None:
     case = make_case(4, False, seed=22)
-    same = [dataclasses.replace(s, k_ref=None, v_ref=None) for s in case.segments]
+    same = [s.replace(k_ref=None, v_ref=None) for s in case.segments]
     probes = attention_probes(case.q, case.k_cur, case.v_cur, same, "none")
     assert probes["delta_p_s"] == pytest.approx(0.0, abs=1e-7)
     assert probes["jsd"] == pytest.approx(0.0, abs=1e-7)
@@ -94,14 +93,14 @@ def test_probes_bad_input() -> None:
     with pytest.raises(ValueError, match="query_tile=0"):
         attention_probes(case.q, case.k_cur, case.v_cur, case.segments, "taylor", query_tile=0)
     with pytest.raises(ValueError, match=r"segments\[0\].k_ref.shape"):
-        bad = [dataclasses.replace(case.segments[0], k_ref=case.segments[0].k[:, :, :2])]
+        bad = [case.segments[0].replace(k_ref=case.segments[0].k[:, :, :2])]
         attention_probes(case.q, case.k_cur, case.v_cur, bad, "taylor")
 
 
 def _peaky_case(dtype: torch.dtype = torch.float32):
     """One cached key whose quantized score sits ~103.5 below the current key's (softmax mass ~1e-45, a float32
     denormal) while the reference score sits 200 below (mass exactly 0 in float32)."""
-    from jensenkv.cache import CacheSegment
+    from jensenkv.cache import Segment
 
     d = 4
     q = torch.zeros(1, 1, 1, d, dtype=dtype)
@@ -112,7 +111,7 @@ def _peaky_case(dtype: torch.dtype = torch.float32):
     k_ref = torch.zeros_like(k)
     k_ref[..., 0] = -200.0
     v = torch.ones(1, 1, 1, d, dtype=dtype)
-    return q, k_cur, v, [CacheSegment(k=k, v=v, steps=None, k_ref=k_ref, v_ref=v)]
+    return q, k_cur, v, [Segment.from_tensors(k=k, v=v, steps=None, k_ref=k_ref, v_ref=v)]
 
 
 def test_jsd_stays_finite_and_bounded_when_attention_is_peaky() -> None:

@@ -1,7 +1,6 @@
 """The second-order correction b (1 - pi): fast path against the oracle, its limits, and its effect on peaky data."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from jensenkv.attention import (
 )
 from jensenkv.attention.cpu import second_order_attention
 from jensenkv.attention.second_order import second_order_scores
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.cache import CacheConfig, Segment, ChunkedKVCache
 from jensenkv.correction import GroupSteps, expand_group_steps, jensen_bias
 from jensenkv.quant import QuantConfig, make_quantizer
 
@@ -92,7 +91,7 @@ def test_bfloat16_close_to_oracle() -> None:
 
 def test_without_quantized_segments_it_is_plain_attention() -> None:
     case = make_case(4, False, seed=6)
-    plain = [dataclasses.replace(s, steps=None) for s in case.segments]
+    plain = [s.replace(steps=None) for s in case.segments]
     args = (case.q, case.k_cur, case.v_cur, plain, "taylor")
     expected = reference_attention(*args[:4], "none")
     assert relative_error(cached_attention(*args, second_order=True), expected) <= 1e-5
@@ -104,7 +103,7 @@ def _flat_case(n_keys: int) -> tuple:
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(1, 2, 4, D, generator=gen, dtype=torch.float64) * 2  # (B, H, Q, D)
     step = 2 + 2 * torch.rand(1, 2, n_keys, 4, generator=gen, dtype=torch.float64)  # (B, H, K, G)
-    seg = CacheSegment(k=torch.zeros(1, 2, n_keys, D, dtype=torch.float64),
+    seg = Segment.from_tensors(k=torch.zeros(1, 2, n_keys, D, dtype=torch.float64),
                        v=torch.randn(1, 2, n_keys, D, generator=gen, dtype=torch.float64), steps=GroupSteps(step))
     k_cur = torch.randn(1, 2, 3, D, generator=gen, dtype=torch.float64)
     return q, k_cur, torch.randn(1, 2, 3, D, generator=gen, dtype=torch.float64), [seg]
@@ -130,7 +129,7 @@ def test_flat_attention_gives_the_first_order_correction(correction: str) -> Non
 def test_probes_report_the_mass_the_second_order_attention_gives_the_cache() -> None:
     """Values 1 on cached keys and 0 on the current chunk: the attention output is each row's P_S."""
     case = make_case(4, True, seed=12)
-    ones = [dataclasses.replace(s, v=torch.ones_like(s.v[..., :1]), v_ref=None) for s in case.segments]
+    ones = [s.replace(v=torch.ones_like(s.v[..., :1]), v_ref=None) for s in case.segments]
     zero = torch.zeros_like(case.v_cur[..., :1])
     for second_order in (False, True):
         mass = cached_attention(case.q, case.k_cur, zero, ones, "taylor", second_order=second_order).mean()
@@ -145,7 +144,7 @@ def test_a_key_that_takes_all_the_mass_is_not_corrected() -> None:
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(1, 1, 1, D, generator=gen, dtype=torch.float64)
     k = 40 * q / q.norm()  # score 40 / sqrt(D) * |q| ~ 40: every other key is ~e^-40 behind
-    seg = CacheSegment(k=k, v=torch.randn(1, 1, 1, D, generator=gen, dtype=torch.float64),
+    seg = Segment.from_tensors(k=k, v=torch.randn(1, 1, 1, D, generator=gen, dtype=torch.float64),
                        steps=GroupSteps(torch.full((1, 1, 1, 2), 3.0, dtype=torch.float64)))
     k_cur = torch.randn(1, 1, 5, D, generator=gen, dtype=torch.float64) * 0.1
     args = (q, k_cur, torch.randn(1, 1, 5, D, generator=gen, dtype=torch.float64), [seg], "taylor")
@@ -176,7 +175,7 @@ def _peaky_draws(factor: float, correction: str = "taylor"):
         segments = []
         for k, v in zip(keys, values):
             stored = quantizer.quantize(k)
-            segments.append(CacheSegment(k=stored.dequantize(), v=v, steps=stored.group_steps(), k_ref=k, v_ref=v))
+            segments.append(Segment.from_tensors(k=stored.dequantize(), v=v, steps=stored.group_steps(), k_ref=k, v_ref=v))
         yield q, k_cur, v_cur, segments
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 from jensenkv.models.worldplay.trajectory import poses_from_motions, write_pose_json
 from jensenkv.models.worldplay.vae import TinyVae, condition_latents, read_image
 from jensenkv.run import run_overrides
-from jensenkv.tracking import config_hash
+from jensenkv.hashing import config_hash
 
 TINY = ("model=worldplay_tiny", "model.device=cpu", "eval.num_prompts=1", "logger=disabled", "eval.metrics=[psnr]")
 

@@ -11,7 +11,8 @@ from jensenkv.generate import flow_sigmas, generate_video
 from jensenkv.models.adapters import build_adapter
 from jensenkv.models.worldplay.schedule import worldplay_sigmas, worldplay_timesteps
 from jensenkv.run import preset, run_overrides
-from jensenkv.tracking import ResultsStore, load_attention
+from jensenkv.report.store_frame import load_attention
+from jensenkv.store.results import ResultsStore
 
 TINY = ("model=worldplay_tiny", "model.device=cpu")
 
@@ -120,7 +121,7 @@ def test_the_tiny_run_writes_a_record_with_delta_ps_and_psnr(tmp_path):
 def test_calibration_fits_a_strength_per_layer_and_head_from_both_key_streams(tmp_path):
     import json
 
-    from jensenkv.calibrate import calibrate_overrides
+    from jensenkv.calibration.fit import calibrate_overrides
 
     path = calibrate_overrides([*TINY, "quant=rtn", "correction=taylor", "eval.num_prompts=1", "generation.num_chunks=2",
                                 "generation.worldplay.memory_frames=8", "generation.steps=2",

@@ -121,7 +121,7 @@ def run_sweep(folder: Path, args: list[str], fault: Callable[[Sweep], None] | No
 
 def store_view(results: Path) -> dict[str, dict]:
     """run id -> what the store holds: a sound record, its videos, its W&B log."""
-    from jensenkv.tracking import ResultsStore
+    from jensenkv.store.results import ResultsStore
 
     store = ResultsStore(results)
     view = {}

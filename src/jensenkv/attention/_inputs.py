@@ -2,38 +2,20 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 
-from jensenkv.correction import CORRECTIONS, GroupSteps, validate_group_steps  # noqa: F401 - re-exported
+from jensenkv.cache import GivenTensor, Segment
+from jensenkv.correction import CORRECTIONS, validate_group_steps  # noqa: F401 - re-exported
 
 
-class SegmentLike(Protocol):
-    """What the attention paths read from a cached chunk (``jensenkv.cache.CacheSegment``)."""
-
-    k: torch.Tensor  # (B, H, K, D) dequantized keys, original basis
-    v: torch.Tensor  # (B, H, K, Dv)
-    steps: GroupSteps | None  # None: full-precision keys, never corrected
-    k_ref: torch.Tensor | None  # (B, H, K, D) full-precision keys (probes only)
-    v_ref: torch.Tensor | None  # (B, H, K, Dv)
+SegmentLike = Segment  # what every attention path reads from a cached chunk (the former protocol's name)
 
 
 # Elements of one (B, H, tile, K_total) score matrix of a full-row path (probes, second-order attention); a
 # handful of them live at once per tile. Large tiles keep a GPU busy; on the CPU smaller ones stay in cache.
 TILE_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 21}
-
-
-def segment_shape(seg: SegmentLike, name: str) -> tuple[int, ...]:
-    """Shape of a segment's "k" or "v" without dequantizing a lazy cache view (which carries k_shape/v_shape)."""
-    shape = getattr(seg, f"{name}_shape", None)
-    return tuple(getattr(seg, name).shape) if shape is None else tuple(shape)
-
-
-def segment_has_steps(seg: SegmentLike) -> bool:
-    """Whether a segment's keys carry quantization steps, without building them for a lazy cache view."""
-    has = getattr(seg, "has_steps", None)
-    return seg.steps is not None if has is None else bool(has)
 
 
 def check_causal(causal: object, n_q: int, n_cur: int) -> None:
@@ -44,16 +26,6 @@ def check_causal(causal: object, n_q: int, n_cur: int) -> None:
     if causal and n_cur < n_q:
         raise ValueError(f"causal=True with Q={n_q} queries and R={n_cur} current tokens is not allowed: the "
                          "queries are the last Q of the current tokens, so R >= Q")
-
-
-CAUSAL_BACKENDS = ("cached", "reference")  # the built-in kernels that take causal=True (a causal LM's calls)
-
-
-def refuse_causal(causal: object, backend: str) -> None:
-    """ValueError for a backend that has no causal mask over the current chunk."""
-    if causal is not False:
-        raise ValueError(f"causal={causal!r} is not allowed with attention.backend={backend!r}: a causal LM's "
-                         f"attention needs a backend in {CAUSAL_BACKENDS}")
 
 
 def current_visible(n_q: int, n_cur: int, device: torch.device | str) -> torch.Tensor:
@@ -85,7 +57,7 @@ def check_strength(strength: Strength, heads: int) -> None:
 
     Signed values are allowed (a negative strength adds the bias). A tensor's values are checked where that
     costs no device sync: on the CPU; a device tensor is the caller's to check where it is made
-    (``jensenkv.strengths`` checks a calibration file's on load).
+    (``jensenkv.calibration`` checks a calibration file's on load).
     """
     if isinstance(strength, torch.Tensor):
         if strength.ndim != 1 or strength.shape[0] != heads or not strength.dtype.is_floating_point:
@@ -113,7 +85,7 @@ def validate_attention_inputs(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str,
     strength: Strength = 1.0,
 ) -> None:
@@ -137,7 +109,7 @@ def validate_attention_inputs(
     value_dim = v_cur.shape[-1]
     total = k_cur.shape[2]
     for i, seg in enumerate(segments):
-        k_shape, v_shape = segment_shape(seg, "k"), segment_shape(seg, "v")
+        k_shape, v_shape = seg.k_shape, seg.v_shape
         if len(k_shape) != 4 or k_shape[:2] != (batch, heads) or k_shape[-1] != dim:
             raise ValueError(
                 f"segments[{i}].k.shape={k_shape} does not fit q.shape={tuple(q.shape)}: "
@@ -149,17 +121,14 @@ def validate_attention_inputs(
                 f"{k_shape}: it must be (B, H, K, Dv={value_dim})"
             )
         total += k_shape[2]
-        if getattr(seg, "from_cache", False):
-            continue  # a cache view: references and steps are built from the same stored chunk
-        for name in ("k_ref", "v_ref"):
-            ref = getattr(seg, name, None)
-            own = k_shape if name == "k_ref" else v_shape
+        for name, ref, own in (("k_ref", seg.k_ref, k_shape), ("v_ref", seg.v_ref, v_shape)):
             if ref is not None and tuple(ref.shape) != own:
                 raise ValueError(
                     f"segments[{i}].{name}.shape={tuple(ref.shape)} must equal the shape "
                     f"{own} of the quantized tensor"
                 )
-        if seg.steps is not None:
+        # steps handed over with a hand-built segment are checked; a stored form's are consistent by construction
+        if isinstance(seg.stored_k, GivenTensor) and seg.has_steps:
             validate_group_steps(q, seg.steps, argument=f"segments[{i}].steps")
             if seg.steps.step.shape[2] != k_shape[2]:
                 raise ValueError(

@@ -17,7 +17,7 @@ LSE (B, Hq, M) float32 natural log-sum-exp; STRENGTH (Hq,) float32 (read by the 
 Dots take DOT operands: 0 float32 (IEEE, for the oracle tests; the interpreter's bf16 dots are wrong, so
 triton_kernel never asks it for 1), 1 bfloat16, 2 float16 (tensor cores, float32 accumulation). Softmax runs
 in base 2 (log2 e folded into the scale), so the running max m_i is in log2 units. KROW/VROW tables hold rows
-relative to their first entry (absolute rows of a store's buffer, or renumbered by triton_kernel._pack).
+relative to their first entry (absolute rows of a store's buffer, or renumbered by triton_packing.pack_run).
 """
 import triton
 import triton.language as tl
@@ -165,6 +165,27 @@ def attend_full(q, K, V, base_k, base_v, sk_n, sv_n, NK, m_i, l_i, acc, offs_nb,
     return m_i, l_i, acc
 
 
+# Parameter legend of cached_attention_kernel, group by group (strides are in elements; every tensor's last dim
+# has unit stride; "Hkv" heads are read as h // GROUP for query head h). Launched by triton_kernel._launch.
+#   query        Q (B, Hq, M, D) any float dtype, strides sq_b, sq_h, sq_m; QR (B, Hq, M, D) the query in the
+#                quantized keys' rotated basis (Q itself without rotation), strides sr_*
+#   bias query   QB (B, Hq, M, NB) float32 contiguous: Taylor NB = G columns strength*scale^2/24*||q_g||^2 (log2
+#                units), exact NB = G*TERMS series columns (term-major); QMAX () float32 max |QR| (exact only)
+#   quantized K  KC (B, Hkv, N, D*KBITS/8) uint8 packed codes, strides skc_*; KS (B, Hkv, R, KG) steps and KZ
+#                (B, Hkv, R, KG) stored zeros (same strides sks_*; R stat rows); KROW (N,) int32 stat row per
+#                token (KROWS only: per-channel / tensor layouts)
+#   quantized V  VC, svc_*, VS, svs_*, VZ, VROW as for K (VBITS, VG, VROWS); with VFULL, VC is the (B, Hkv, N,
+#                Dv) full-precision values (cache.values=none) and VS/VZ/VROW are unused; N: tokens of this run
+#   cached full  KF (B, Hkv, NF, D), VF (B, Hkv, NF, Dv): sinks / BF16 chunks, strides skf_*, svf_*; NF tokens
+#   current      KX (B, Hkv, NX, D), VX (B, Hkv, NX, Dv): the current chunk, strides skx_*, svx_*; NX tokens
+#   bias tables  COEF (SMALL_TERMS,) float32 log(sinh x / x) series coefficients; STRENGTH (Hq,) float32 per-head
+#                strengths (the elementwise exact bias only)
+#   outputs      O (B, Hq, M, Dv) float32 contiguous; OF (B, Hq, M, Dv) the full-precision part when V_ROT (else
+#                a dummy); LSE (B, Hq, M) float32 natural log-sum-exp
+#   sizes        HQ query heads, M queries, scale_log2 = scale * log2 e, half_scale = scale / 2
+#   compiled     DIM, DV head dims; GROUP = Hq / Hkv; K/V layouts (BITS, G groups, ZKIND / ZOFF / ZSCALE zero
+#                convention, ROWS stat-row table, VFULL); BIAS none/taylor/exact; TERMS series terms; SMALL_TERMS;
+#                GP = max(16, KG) padded bias width; DOT operand dtype; V_ROT rotated values; BLOCK_M x BLOCK_N tile
 @triton.jit
 def cached_attention_kernel(
     Q, sq_b, sq_h, sq_m, QR, sr_b, sr_h, sr_m, QB, NB, QMAX,

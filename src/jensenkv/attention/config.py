@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from jensenkv.attention.backends import ATTENTION_BACKENDS
-from jensenkv.attention.second_order import SECOND_ORDER_BACKENDS, SECOND_ORDER_REFUSED, check_second_order
+from jensenkv.attention.backends import ATTENTION_BACKENDS, second_order_backends
+from jensenkv.attention.second_order import check_second_order
 from jensenkv.calibration import fail_calibration, load_calibration
 from jensenkv.checks import check_bool, check_choice, fail, is_int
 from jensenkv.correction import CORRECTIONS
@@ -25,9 +25,10 @@ class AttentionConfig:
         value, signed: a negative strength adds the bias).
     second_order: subtract b (1 - pi) instead of b (pi: the key's softmax weight in its row), which corrects
         log Z to second order where b over-corrects peaky attention (jensenkv.attention.second_order). Needs
-        correction taylor or exact; backends flex and triton refuse it (cached and reference implement it).
+        correction taylor or exact; the backends registered without it refuse it (flex and triton; cached and
+        reference implement it).
     calibration: null, or the path of a calibration file of signed per-(layer, head) strengths
-        (``python -m jensenkv.calibrate``, jensenkv.calibration): the effective strength of layer l, head h is
+        (``python -m jensenkv.calibration``, jensenkv.calibration): the effective strength of layer l, head h is
         strength x file[l][h]. A run refuses a file fitted for another model, quantizer or correction, with
         other layer/head counts, or on prompts it evaluates; the file's digest is part of the run's id.
     probe_layers / probe_steps: the layers and denoising steps whose attention probes are recorded when
@@ -41,7 +42,7 @@ class AttentionConfig:
         (keys em_*): why the correction helps or over-corrects, per layer and step.
     head_moments: each probe also records per-head sums of the realized cached log-partition shift and of the
         correction's softmax-weighted bias (keys hm_*, lists of H; jensenkv.attention.diagnostics.head_shift_moments):
-        what ``python -m jensenkv.calibrate`` fits per-(layer, head) strengths from.
+        what ``python -m jensenkv.calibration`` fits per-(layer, head) strengths from.
     probes: whether probes are recorded; a run derives it from eval.metrics, Python callers set it.
     """
 
@@ -49,12 +50,12 @@ class AttentionConfig:
     correction: str = "none"
     strength: float = 1.0  # scales the correction (1.0: the paper's; signed, any finite value)
     second_order: bool = False  # the b (1 - pi) correction (configs/correction/taylor2.yaml)
-    calibration: Optional[str] = None  # path of a per-(layer, head) strength file (jensenkv.calibrate)
+    calibration: Optional[str] = None  # path of a per-(layer, head) strength file (jensenkv.calibration)
     probe_layers: Optional[list[int]] = None
     probe_steps: Optional[list[int]] = None
     diagnostic_steps: Optional[list[int]] = None  # null: every probed step
     diagnostics: bool = False  # add the error-model diagnostics (jensenkv.attention.diagnostics) to each probe
-    head_moments: bool = False  # add per-head shift / bias sums to each probe (what jensenkv.calibrate fits)
+    head_moments: bool = False  # add per-head shift / bias sums to each probe (what jensenkv.calibration fits)
     probes: bool = False
 
     def __post_init__(self) -> None:
@@ -81,9 +82,9 @@ class AttentionConfig:
 
     def _check_second_order(self) -> None:
         check_second_order(self.second_order, self.correction)
-        if self.second_order and self.backend in SECOND_ORDER_REFUSED:
+        if self.second_order and not ATTENTION_BACKENDS.capabilities(self.backend).second_order:
             fail("attention.second_order", self.second_order,
-                 f"with backend={self.backend!r}: true needs a backend in {SECOND_ORDER_BACKENDS}")
+                 f"with backend={self.backend!r}: true needs a backend in {second_order_backends()}")
 
     def probes_at(self, layer: int, step: int | None) -> bool:
         """Whether a probe is recorded for this layer and denoising step."""

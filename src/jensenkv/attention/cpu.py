@@ -24,19 +24,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from jensenkv.attention._inputs import (
-    TILE_ELEMENTS,
-    SegmentLike,
-    Strength,
-    causal_additive,
-    check_causal,
-    resolve_scale,
-    segment_has_steps,
-    segment_shape,
-    strength_view,
-    validate_attention_inputs,
-)
-from jensenkv.attention.second_order import check_second_order, second_order_scores
+from jensenkv.attention._inputs import TILE_ELEMENTS, Strength, causal_additive, strength_view
+from jensenkv.attention.registry import Capabilities, register_backend
+from jensenkv.attention.second_order import second_order_scores
 from jensenkv.attention.workspace import (
     batch_key,
     carve,
@@ -44,6 +34,7 @@ from jensenkv.attention.workspace import (
     dequantize_many_into,
     workspace,
 )
+from jensenkv.cache import Segment
 from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_key_columns,
@@ -56,7 +47,7 @@ from jensenkv.quant.rtn import RTNTensor
 from jensenkv.quant.steps import step_max
 
 
-def write_segments(segments: Sequence[SegmentLike], name: str, out: torch.Tensor) -> None:
+def write_segments(segments: Sequence[Segment], name: str, out: torch.Tensor) -> None:
     """Dequantize the segments' "k" or "v", in order, into ``out`` (B, H, sum K_i, D): cache views from their
     stored form, consecutive chunks of one RTN layout in one pass (``workspace.dequantize_many_into``)."""
     start, run, run_start, run_key = 0, [], 0, None
@@ -66,58 +57,53 @@ def write_segments(segments: Sequence[SegmentLike], name: str, out: torch.Tensor
             dequantize_many_into(run, out[:, :, run_start:start])
 
     for seg in segments:
-        n = segment_shape(seg, name)[2]
-        stored = getattr(seg, f"stored_{name}", None)
-        key = None if stored is None else batch_key(stored)
+        n = seg.shape(name)[2]
+        stored = seg.stored(name)
+        key = batch_key(stored)
         if key is None or key != run_key:
             flush()
             run, run_start, run_key = [], start, key
         if key is not None:
             run.append(stored)
-        elif stored is not None:
-            dequantize_into(stored, out[:, :, start : start + n])
         else:
-            out[:, :, start : start + n] = getattr(seg, name)
+            dequantize_into(stored, out[:, :, start : start + n])
         start += n
     flush()
 
 
-def token_steps(seg: SegmentLike) -> tuple[torch.Tensor, object]:
-    """(steps (B, H, K_i, G), rotation) of a step-carrying segment: a cache view's stored per-token steps
-    as they are (no copy), else its GroupSteps."""
-    stored = getattr(seg, "stored_k", None)
+def token_steps(seg: Segment) -> tuple[torch.Tensor, object]:
+    """(steps (B, H, K_i, G), rotation) of a step-carrying segment: stored per-token RTN steps as they are
+    (no copy), else its GroupSteps."""
+    stored = seg.stored_k
     if isinstance(stored, RTNTensor) and stored.layout.granularity in ("token", "token_group"):
         return stored.step, stored.rotation
     return seg.steps.step, seg.steps.rotation
 
 
-def step_kind(seg: SegmentLike) -> tuple[int, int]:
+def step_kind(seg: Segment) -> tuple[int, int]:
     """Segments sharing group count and rotation object share bias columns."""
     step, rotation = token_steps(seg)
     return step.shape[-1], id(rotation)
 
 
+@register_backend("cached", Capabilities(kv_heads=False, second_order=True, causal=True))
 def cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
-    correction: str = "none",
-    scale: float | None = None,
-    strength: Strength = 1.0,
-    second_order: bool = False,
-    causal: bool = False,
+    segments: Sequence[Segment],
+    correction: str,
+    scale: float,
+    strength: Strength,
+    second_order: bool,
+    causal: bool,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
     ``causal`` (a causal LM): the current chunk's later tokens are masked, an additive (Q, K_total) mask."""
-    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
-    check_second_order(second_order, correction)
-    check_causal(causal, q.shape[2], k_cur.shape[2])
-    scale = resolve_scale(scale, q.shape[-1])
-    corrected = correction != "none" and any(segment_has_steps(seg) for seg in segments)
+    corrected = correction != "none" and any(seg.has_steps for seg in segments)
     mask = None  # (Q, K_total) additive, a causal call only (the video paths pay nothing for it)
     if causal:
-        n_cached = sum(segment_shape(seg, "k")[2] for seg in segments)
+        n_cached = sum(seg.num_tokens for seg in segments)
         mask = causal_additive(q.shape[2], n_cached, k_cur.shape[2], q.dtype, q.device)
     if corrected and second_order:
         return second_order_attention(q, k_cur, v_cur, segments, correction, scale, strength, causal=causal)
@@ -166,12 +152,12 @@ def _merge(cached: tuple[torch.Tensor, torch.Tensor], current: tuple[torch.Tenso
 
 
 def stacked_inputs(
-    q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor, segments: Sequence[SegmentLike]
+    q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor, segments: Sequence[Segment]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[cached..., current] keys (B, H, K_total, D) and values (B, H, K_total, Dv) in the shared workspace."""
     batch, heads, _, dim = q.shape
     dv = v_cur.shape[-1]
-    total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
+    total = sum(seg.num_tokens for seg in segments) + k_cur.shape[-2]
     flat = workspace(batch * heads * total * (dim + dv), q.device, q.dtype)
     keys, values = carve(flat, (batch, heads, total, dim), (batch, heads, total, dv))
     start = total - k_cur.shape[-2]
@@ -183,7 +169,7 @@ def stacked_inputs(
 
 
 def _bias_columns(
-    q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float, strength: Strength
+    q: torch.Tensor, segments: Sequence[Segment], correction: str, scale: float, strength: Strength
 ) -> tuple[dict, Callable[[torch.Tensor, tuple, torch.Tensor], None]] | None:
     """Per step kind: query columns (B, H, Q, C_kind) pre-divided by -scale/strength, and a function writing
     key columns (B, H, K, C_kind) of token steps (B, H, K, G) into a view, so that
@@ -196,7 +182,7 @@ def _bias_columns(
     weight = strength_view(strength, q, work)  # float or (1, H, 1, 1): multiplies the query columns per head
     kinds: dict[tuple[int, int], list[tuple[torch.Tensor, object]]] = {}
     for seg in segments:
-        if segment_has_steps(seg):
+        if seg.has_steps:
             kinds.setdefault(step_kind(seg), []).append(token_steps(seg))
     q_cols, key_params = {}, {}
     for kind, members in kinds.items():
@@ -225,13 +211,13 @@ def _bias_columns(
     return q_cols, key_columns
 
 
-def _column_runs(segments: Sequence[SegmentLike]) -> list[tuple[int, int, tuple, torch.Tensor]]:
+def _column_runs(segments: Sequence[Segment]) -> list[tuple[int, int, tuple, torch.Tensor]]:
     """(start, end, kind, token steps (B, H, end - start, G)) for each run of consecutive step-carrying
     segments of one kind, their steps concatenated (one write per run instead of one per chunk)."""
     runs, start, current = [], 0, None
     for seg in segments:
-        n = segment_shape(seg, "k")[2]
-        kind = step_kind(seg) if segment_has_steps(seg) else None
+        n = seg.num_tokens
+        kind = step_kind(seg) if seg.has_steps else None
         if kind is not None and current is not None and current[2] == kind and current[1] == start:
             current[1] = start + n
             current[3].append(token_steps(seg)[0])
@@ -249,7 +235,7 @@ def augmented_inputs(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str,
     scale: float,
     strength: Strength,
@@ -275,7 +261,7 @@ def augmented_inputs(
         offsets[kind] = dim + extra
         extra += cols.shape[-1]
     width = max(dim + extra, dv)
-    total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
+    total = sum(seg.num_tokens for seg in segments) + k_cur.shape[-2]
     flat = workspace(batch * heads * (2 * total + n_q) * width, q.device, q.dtype)
     k_aug, v_pad, q_aug = carve(flat, (batch, heads, total, width), (batch, heads, total, width),
                                 (batch, heads, n_q, width))  # [k, bias key columns], [v, zeros], [q, bias query columns]
@@ -299,7 +285,7 @@ def augmented_inputs(
 def bias_column_tables(
     q: torch.Tensor,
     k_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str,
     scale: float,
     strength: Strength,
@@ -316,7 +302,7 @@ def bias_column_tables(
         offsets[kind] = width
         width += cols.shape[-1]
     batch, heads, n_q, _ = q.shape
-    total = sum(segment_shape(seg, "k")[2] for seg in segments) + k_cur.shape[-2]
+    total = sum(seg.num_tokens for seg in segments) + k_cur.shape[-2]
     work = q_cols[next(iter(q_cols))].dtype
     k_cols = q.new_zeros(batch, heads, total, width, dtype=work)  # (B, H, K_total, C)
     q_coef = q.new_empty(batch, heads, n_q, width, dtype=work)  # (B, H, Q, C)
@@ -330,7 +316,7 @@ def bias_column_tables(
 def exact_bias_mask(
     q: torch.Tensor,
     k_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     scale: float,
     strength: Strength,
 ) -> torch.Tensor:
@@ -338,8 +324,8 @@ def exact_bias_mask(
     weight = strength_view(strength, q)  # float or (1, H, 1, 1)
     blocks = []
     for seg in segments:
-        if not segment_has_steps(seg):
-            blocks.append(q.new_zeros(*q.shape[:-1], segment_shape(seg, "k")[2]))  # (B, H, Q, K_i)
+        if not seg.has_steps:
+            blocks.append(q.new_zeros(*q.shape[:-1], seg.num_tokens))  # (B, H, Q, K_i)
         else:
             blocks.append(-(weight * group_bias(q, seg.steps, "exact", scale)).to(q.dtype))
     blocks.append(q.new_zeros(*q.shape[:-1], k_cur.shape[-2]))  # (B, H, Q, R): current chunk, no bias
@@ -350,7 +336,7 @@ def second_order_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str,
     scale: float,
     strength: Strength,

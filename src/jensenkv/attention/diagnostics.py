@@ -126,7 +126,7 @@ _MOMENT_TILE = 1 << 22  # elements of one (B, H, tile, K) score matrix
 
 
 def head_shift_moments(q: torch.Tensor, segments, correction: str, scale: float | None = None) -> dict[str, list]:
-    """Per-head sums behind a fitted strength s with s * <b> ~ delta (``jensenkv.calibrate``), over one call's
+    """Per-head sums behind a fitted strength s with s * <b> ~ delta (``jensenkv.calibration.fit``), over one call's
     queries: for each query, over every cached key i (quantized or not; unquantized ones have b_i = 0),
 
     - delta = log Z_S(k_hat) - log Z_S(k): the realized shift of the cached log-partition (dequantized vs

@@ -16,16 +16,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from jensenkv.attention._inputs import (
-    SegmentLike,
-    Strength,
-    refuse_causal,
-    resolve_scale,
-    segment_has_steps,
-    validate_attention_inputs,
-)
+from jensenkv.attention._inputs import Strength
 from jensenkv.attention.cpu import augmented_inputs, bias_column_tables, exact_bias_mask, stacked_inputs
-from jensenkv.attention.second_order import refuse_second_order
+from jensenkv.attention.registry import Capabilities, register_backend
+from jensenkv.cache import Segment
 
 _compiled_flex: Callable | None = None
 
@@ -42,33 +36,31 @@ def _flex(compile_kernel: bool) -> Callable:
     return _compiled_flex
 
 
+# the score_mod cannot see a row's softmax (second order) and the kernel has no causal mask
+@register_backend("flex", Capabilities(kv_heads=False, second_order=False, causal=False))
 def flex_cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
-    correction: str = "none",
-    scale: float | None = None,
-    strength: Strength = 1.0,
+    segments: Sequence[Segment],
+    correction: str,
+    scale: float,
+    strength: Strength,
+    second_order: bool,
+    causal: bool,
     max_unrolled: int = 16,
     compile_kernel: bool | None = None,
-    second_order: bool = False,
-    causal: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference_attention``: q (B, H, Q, D), k_cur/v_cur (B, H, R, D/Dv) -> (B, H, Q, Dv).
 
     ``compile_kernel`` defaults to True on CUDA tensors, False otherwise. ``strength``: a float or a (H,)
-    tensor of per-head strengths, folded into q_coef (or the bias table) before the kernel. ``second_order`` is
-    refused (the score_mod cannot see the row's softmax): ValueError naming the backends that implement it.
+    tensor of per-head strengths, folded into q_coef (or the bias table) before the kernel. ``second_order`` and
+    ``causal`` are refused before the call (its capabilities): ValueError naming the backends that take them.
     """
-    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
-    refuse_second_order(second_order, "flex")
-    refuse_causal(causal, "flex")
     if max_unrolled < 1:
         raise ValueError(f"max_unrolled={max_unrolled} is not allowed: it must be >= 1")
-    scale = resolve_scale(scale, q.shape[-1])
     attend = _flex(q.is_cuda if compile_kernel is None else compile_kernel)
-    if correction == "none" or not any(segment_has_steps(seg) for seg in segments):
+    if correction == "none" or not any(seg.has_steps for seg in segments):
         keys, values = stacked_inputs(q, k_cur, v_cur, segments)  # (B, H, K_total, D), (B, H, K_total, Dv)
         return attend(q, keys, values, scale=scale)
     tables = bias_column_tables(q.float(), k_cur, segments, correction, scale, strength)

@@ -14,20 +14,11 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import (
-    TILE_ELEMENTS,
-    SegmentLike,
-    Strength,
-    check_causal,
-    current_visible,
-    resolve_scale,
-    segment_has_steps,
-    segment_shape,
-    strength_view,
-    validate_attention_inputs,
-)
+from jensenkv.attention._inputs import TILE_ELEMENTS, Strength, current_visible, strength_view
 from jensenkv.attention.cpu import write_segments
-from jensenkv.attention.second_order import check_second_order, second_order_scores
+from jensenkv.attention.registry import Capabilities, check_call
+from jensenkv.attention.second_order import second_order_scores
+from jensenkv.cache import Segment
 from jensenkv.correction import (
     _SERIES_TERMS_GROUP,
     SERIES_MAX_ARG,
@@ -41,6 +32,8 @@ PROBE_KEYS = (
     "p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err", "bias_mean",
     "p_s_head_median", "delta_p_s_head_median",
 )
+# the probes see full score rows: they take the second-order term and the causal mask as the backends that do
+PROBE_CAPABILITIES = Capabilities(kv_heads=False, second_order=True, causal=True)
 _LOG2 = math.log(2.0)
 _HIDDEN = -1e9  # the score of a current token a causal query may not see: far below any real score
 
@@ -49,7 +42,7 @@ def attention_probes(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
+    segments: Sequence[Segment],
     correction: str = "none",
     scale: float | None = None,
     strength: Strength = 1.0,
@@ -77,16 +70,14 @@ def attention_probes(
     ``causal``: as in the attention paths, the current chunk's later tokens are hidden from each query (a causal
     LM); p_r is then the mass on the current tokens each query sees.
     """
-    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
-    check_second_order(second_order, correction)
-    check_causal(causal, q.shape[2], k_cur.shape[2])
+    scale = check_call(PROBE_CAPABILITIES, "probes", q, k_cur, v_cur, segments, correction, scale, strength,
+                       second_order, causal)
     if query_tile < 1:
         raise ValueError(f"query_tile={query_tile} is not allowed: it must be >= 1")
     expected = (*q.shape[:-1], v_cur.shape[-1])
     if attended is not None and tuple(attended.shape) != expected:
         raise ValueError(f"attended with shape {tuple(attended.shape)} is not allowed: expected {expected} "
                          "(B, H, Q, Dv), the attention output of these inputs")
-    scale = resolve_scale(scale, q.shape[-1])
     batch, heads, n_q, _ = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     device = q.device
@@ -94,7 +85,7 @@ def attention_probes(
     n_cached = keys.shape[-2] - k_cur.shape[-2]
     qw = q.to(work)  # (B, H, Q, D)
     biases = _segment_biases(qw, segments, correction, scale, strength) if correction != "none" else []
-    bias_count = sum(batch * heads * n_q * _width(seg) for seg in segments if segment_has_steps(seg))
+    bias_count = sum(batch * heads * n_q * seg.num_tokens for seg in segments if seg.has_steps)
 
     acc = torch.float64 if device.type == "cpu" or work == torch.float64 else torch.float32
     head_p_s = torch.zeros(2, heads, dtype=acc, device=device)  # quantized, reference
@@ -154,7 +145,7 @@ def attention_probes(
     }
 
 
-def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction: str, scale: float,
+def _segment_biases(q: torch.Tensor, segments: Sequence[Segment], correction: str, scale: float,
                     strength: Strength) -> list[tuple[int, int, Callable[[slice], torch.Tensor]]]:
     """(column offset, width, rows -> strength * bias (B, H, t, K_i)) per step-carrying segment.
 
@@ -163,8 +154,8 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
     """
     entries, offset = [], 0
     for seg in segments:
-        width = _width(seg)  # a cache view's stored shape: reading seg.k would dequantize the chunk again
-        if segment_has_steps(seg):
+        width = seg.num_tokens  # a cache view's stored shape: reading seg.k would dequantize the chunk again
+        if seg.has_steps:
             entries.append((offset, width, seg.steps))
         offset += width
     if not entries:
@@ -204,7 +195,7 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[SegmentLike], correction
     return out
 
 
-def _stacked_pair(segments: Sequence[SegmentLike], k_cur: torch.Tensor, v_cur: torch.Tensor,
+def _stacked_pair(segments: Sequence[Segment], k_cur: torch.Tensor, v_cur: torch.Tensor,
                   work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """[cached..., current] keys (2, B, H, K_total, D) and values (2, B, H, K_total, Dv) in ``work``: index 0 the
     (quantized) cache, 1 its full-precision reference, so that both attentions run as one batched op each.
@@ -212,7 +203,7 @@ def _stacked_pair(segments: Sequence[SegmentLike], k_cur: torch.Tensor, v_cur: t
     Cache views are dequantized from their stored form as the attention paths do (``cpu.write_segments``: chunks
     of one RTN layout in one pass), without building the view's own per-chunk copies."""
     batch, heads, current, dim = k_cur.shape
-    n_cached = sum(_width(seg) for seg in segments)
+    n_cached = sum(seg.num_tokens for seg in segments)
     total = n_cached + current
     keys = k_cur.new_empty(2, batch, heads, total, dim, dtype=work)  # (2, B, H, K_total, D)
     values = v_cur.new_empty(2, batch, heads, total, v_cur.shape[-1], dtype=work)  # (2, B, H, K_total, Dv)
@@ -221,18 +212,13 @@ def _stacked_pair(segments: Sequence[SegmentLike], k_cur: torch.Tensor, v_cur: t
             write_segments(segments, name, out[0, :, :, :n_cached])
         start = 0
         for seg in segments:
-            width = _width(seg)
+            width = seg.num_tokens
             if work != torch.float32:
-                out[0, :, :, start : start + width] = getattr(seg, name)
-            out[1, :, :, start : start + width] = _ref(seg, name)
+                out[0, :, :, start : start + width] = seg.dequantized(name)
+            out[1, :, :, start : start + width] = seg.reference(name)
             start += width
         out[:, :, :, n_cached:] = cur
     return keys, values
-
-
-def _width(seg: SegmentLike) -> int:
-    """Cached tokens of a segment (a cache view's stored shape: no dequantization)."""
-    return segment_shape(seg, "k")[2]
 
 
 def _same_kind(a, b) -> bool:
@@ -253,12 +239,6 @@ def evenly_spaced(total: int, count: int | None) -> tuple[int, ...]:
     if count == 1:
         return (0,)
     return tuple(sorted({round(i * (total - 1) / (count - 1)) for i in range(count)}))
-
-
-def _ref(seg: SegmentLike, name: str) -> torch.Tensor:
-    """The segment's full-precision k/v if kept, else its (possibly quantized) own."""
-    ref = getattr(seg, f"{name}_ref", None)
-    return getattr(seg, name) if ref is None else ref
 
 
 def _jensen_shannon_finite(p: torch.Tensor, r: torch.Tensor, log_p: torch.Tensor,

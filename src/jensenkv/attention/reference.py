@@ -9,29 +9,23 @@ from typing import Sequence
 
 import torch
 
-from jensenkv.attention._inputs import (
-    SegmentLike,
-    Strength,
-    check_causal,
-    current_visible,
-    resolve_scale,
-    strength_view,
-    validate_attention_inputs,
-)
-from jensenkv.attention.second_order import check_second_order
+from jensenkv.attention._inputs import Strength, current_visible, strength_view
+from jensenkv.attention.registry import Capabilities, register_backend
+from jensenkv.cache import Segment
 from jensenkv.correction import bias_basis_query, expand_group_steps, jensen_bias
 
 
+@register_backend("reference", Capabilities(kv_heads=False, second_order=True, causal=True))
 def reference_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
-    correction: str = "none",
-    scale: float | None = None,
-    strength: Strength = 1.0,
-    second_order: bool = False,
-    causal: bool = False,
+    segments: Sequence[Segment],
+    correction: str,
+    scale: float,
+    strength: Strength,
+    second_order: bool,
+    causal: bool,
 ) -> torch.Tensor:
     """softmax(scale * q K^T - bias) V over the cached segments followed by the current chunk.
 
@@ -41,13 +35,9 @@ def reference_attention(
     from the current chunk. ``second_order`` subtracts bias * (1 - pi) instead, pi the row's softmax of the
     first-order-corrected scores (``jensenkv.attention.second_order``). ``causal``: the queries are the last Q
     of the R current tokens and query i sees current token j only if j <= i + R - Q (a causal LM; every cached
-    key stays visible).
+    key stays visible). ``scale``: the softmax scale (None: 1/sqrt(D)).
     Returns (B, H, Q, Dv) in q's dtype.
     """
-    validate_attention_inputs(q, k_cur, v_cur, segments, correction, strength)
-    check_second_order(second_order, correction)
-    check_causal(causal, q.shape[2], k_cur.shape[2])
-    scale = resolve_scale(scale, q.shape[-1])
     q64 = q.double()  # (B, H, Q, D)
     weight = strength_view(strength, q64)  # float or (1, H, 1, 1)
     scores, values, biases = [], [], []

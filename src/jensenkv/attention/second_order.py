@@ -29,17 +29,13 @@ happens to do better on it (-0.018 / -0.042), and b (1 - 2 pi) better still at x
 
 Per query row, on a full row of scores: pass 1 softmax of the first-order scores (pi), pass 2 the corrected
 scores s_hat - b + b pi, softmax, @ v. Backends that fold the bias into one fused kernel cannot see the row's
-softmax; they refuse the option (``refuse_second_order``).
+softmax; they are registered without it (``Capabilities.second_order``), so the call is refused before them.
 """
 from __future__ import annotations
 
 import torch
 
 from jensenkv.correction import BIAS_METHODS
-
-SECOND_ORDER_BACKENDS = ("cached", "reference")  # the built-in kernels that implement attention.second_order
-SECOND_ORDER_REFUSED = ("flex", "triton")  # built-in kernels that refuse it (registered ones decide themselves)
-
 
 def check_second_order(second_order: object, correction: str) -> None:
     """Raise ValueError naming attention.second_order, its value and what is allowed."""
@@ -48,13 +44,6 @@ def check_second_order(second_order: object, correction: str) -> None:
     if second_order and correction not in BIAS_METHODS:
         raise ValueError(f"attention.second_order=True is not allowed with correction={correction!r}: "
                          f"it needs a correction in {BIAS_METHODS}")
-
-
-def refuse_second_order(second_order: object, backend: str) -> None:
-    """ValueError for a backend that does not implement the second-order term."""
-    if second_order is not False:
-        raise ValueError(f"attention.second_order={second_order!r} is not allowed with backend={backend!r}: "
-                         f"the second-order correction needs a backend in {SECOND_ORDER_BACKENDS}")
 
 
 def second_order_scores(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -41,17 +41,18 @@ from pathlib import Path
 
 import torch
 
-from jensenkv.attention._inputs import (
-    SegmentLike,
-    Strength,
-    check_strength,
-    refuse_causal,
-    resolve_scale,
-    segment_has_steps,
-    strength_view,
-    validate_attention_inputs,
+from jensenkv.attention._inputs import Strength, strength_view
+from jensenkv.attention.registry import Capabilities, register_backend
+from jensenkv.attention.triton_packing import (
+    KERNEL_BITS,
+    PackedRun,
+    RunMember,
+    joined,
+    last_contiguous,
+    pack_run,
+    segment_operands,
 )
-from jensenkv.attention.second_order import refuse_second_order
+from jensenkv.cache import Segment
 from jensenkv.correction import (
     SERIES_MAX_ARG,
     exact_series_terms,
@@ -59,13 +60,8 @@ from jensenkv.correction import (
     query_group_sq_norms,
     series_tolerance,
 )
-from jensenkv.quant.config import fixed_point_frac_bits
-from jensenkv.quant.rtn import RTNTensor, zero_offset
-from jensenkv.quant.store import back_to_back
-from jensenkv.quant.tensors import FullPrecisionTensor
 
 BIAS_NONE, BIAS_TAYLOR, BIAS_EXACT = 0, 1, 2  # as in _triton_device
-KERNEL_BITS = (2, 4, 8)
 OPERANDS = {"float32": 0, "bfloat16": 1, "float16": 2}  # the dots' operand dtype -> the kernel's DOT
 _SMALL_TERMS = 8  # log(sinh x / x) series terms below |x| = 0.5 (as correction.log_sinhc)
 _MIN_DOT = 16  # tensor-core dots need every dimension >= 16: the bias columns are zero-padded to it
@@ -133,93 +129,6 @@ def series_terms_fixed(dim: int, dtype: torch.dtype, strength: Strength) -> int:
     return exact_series_terms(SERIES_MAX_ARG, lambda m: float(dim), tol)
 
 
-@dataclass
-class _Packed:
-    """One storage layout's chunks, back to back: what the kernel reads for K or V."""
-
-    codes: torch.Tensor  # (B, H, N, D * bits / 8) uint8, last dim contiguous (a view of the cache's buffer)
-    step: torch.Tensor  # (B, H, R, G) stored dtype, last dim contiguous
-    zero: torch.Tensor | None  # (B, H, R, G) stored dtype, strides of step; None when symmetric
-    rows: torch.Tensor | None  # (N,) int32 stat row of each token (per-channel and tensor layouts), else None
-    bits: int
-    groups: int
-    zero_kind: int  # 0 symmetric, 1 integer, 2 fixed point, 3 min aligned (as _triton_device.load_quantized)
-    zero_offset: float
-    zero_scale: float
-    rotation: object
-
-
-def _layout_key(t: RTNTensor) -> tuple:
-    zero = None if t.zero is None else (t.zero.dtype, t.zero_point)
-    return (t.bits, t.layout.granularity, t.layout.group_size, t.step.dtype, zero, id(t.rotation))
-
-
-def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """The parts as one tensor along ``dim``: a view when they lie back to back, else a concatenation."""
-    view = back_to_back(parts, dim)
-    return view if view is not None else torch.cat([p.contiguous() for p in parts], dim=dim)
-
-
-def _codes_view(t: RTNTensor, batch: int, heads: int) -> torch.Tensor:
-    """(B, H, S, D * bits / 8) uint8: a store's view as it is, a chunk's own flat codes viewed so."""
-    if t.packed.ndim == 4:
-        return t.packed
-    return t.packed.view(batch, heads, t.shape[2], t.shape[3] * t.bits // 8)
-
-
-def _chunk_rows(t: RTNTensor, first_row: int, as_stored: bool) -> torch.Tensor:
-    """(S,) int32 stat rows of a chunk's tokens: ``as_stored``, a store's table as it is (absolute rows of its
-    buffer: no per-call copy), else relative to the steps the kernel is handed, the chunk's first at ``first_row``."""
-    stored = getattr(t, "stat_rows", None)
-    if stored is not None:
-        return stored if as_stored else stored - stored[:1] + first_row  # (stored[:1]: no host read)
-    s, device = t.shape[2], t.packed.device
-    if t.layout.granularity == "tensor":
-        return torch.full((s,), first_row, dtype=torch.int32, device=device)
-    return (torch.arange(s, device=device) // t.layout.token_span + first_row).to(torch.int32)
-
-
-def _pack(tensors: list[RTNTensor], batch: int, heads: int) -> _Packed:
-    """The chunks of one layout as the kernel reads them: views of their buffer when they lie back to back."""
-    first = tensors[0]
-    per_token = first.layout.granularity in ("token", "token_group")
-    codes = _joined([_codes_view(t, batch, heads) for t in tensors], dim=2)
-    if first.layout.granularity == "tensor":  # (1, 1, 1, 1) stats: one row per chunk, every (b, h)
-        steps = [t.step.expand(batch, heads, 1, 1) for t in tensors]
-        zeros = None if first.zero is None else [t.zero.expand(batch, heads, 1, 1) for t in tensors]
-    else:
-        steps = [t.step for t in tensors]
-        zeros = None if first.zero is None else [t.zero for t in tensors]
-    in_place = back_to_back(steps, dim=2) is not None  # one store's consecutive chunks
-    step = _joined(steps, dim=2)  # (B, H, R, G)
-    zero = None if zeros is None else _joined(zeros, dim=2)
-    if zero is not None and zero.stride() != step.stride():  # one view and one copy: both copies
-        step, zero = step.contiguous(), zero.contiguous()
-    rows = None
-    if not per_token:
-        # The kernel reads token n's stats at row rows[n] - rows[0] of ``step``. Consecutive chunks of one
-        # store: its absolute table holds that as it is. Otherwise (a chunk left out, reordered, from another
-        # cache) ``step`` is a concatenation: each chunk's rows restart at its own place in it.
-        parts, first_row = [], 0
-        for t, s in zip(tensors, steps):
-            parts.append(_chunk_rows(t, first_row, as_stored=in_place))
-            first_row += s.shape[2]
-        rows = _joined(parts, dim=0)  # (N,) int32
-    kind, offset, scale = _zero_convention(first)
-    return _Packed(codes, step, zero, rows, first.bits, step.shape[-1], kind, offset, scale, first.rotation)
-
-
-def _zero_convention(t: RTNTensor) -> tuple[int, float, float]:
-    """(kind, offset, scale) of the kernel's dequantizer for the stored zeros (``rtn.code_zero``'s cases)."""
-    if t.zero is None:
-        return 0, float(1 << (t.bits - 1)), 1.0
-    if t.zero_point == "min_aligned":
-        return 3, 0.0, 1.0
-    if t.zero_point == "fixed_point":
-        return 2, 0.0, 1.0 / (1 << fixed_point_frac_bits(t.bits))
-    return 1, float(zero_offset(t.zero.dtype, t.bits)), 1.0
-
-
 def device_refusal(device: str) -> str | None:
     """Why backend=triton cannot run on ``device`` (model.device, resolved), or None: the kernel needs the triton
     package and a CUDA device, or TRITON_INTERPRET=1 to run it on the CPU (slowly)."""
@@ -250,35 +159,6 @@ def storage_refusal(key, value) -> str | None:
     return None
 
 
-def _check_storage(seg: SegmentLike, index: int, name: str):
-    stored = getattr(seg, f"stored_{name}", None)
-    if stored is None:
-        if name == "k" and segment_has_steps(seg):
-            raise ValueError(
-                f"segments[{index}] carries steps but no stored form: backend=triton reads packed codes, so "
-                "quantized segments must come from ChunkedKVCache.segments()"
-            )
-        return None
-    if isinstance(stored, FullPrecisionTensor):
-        return None
-    if not isinstance(stored, RTNTensor) or stored.bits not in KERNEL_BITS:
-        what = type(stored).__name__ if not isinstance(stored, RTNTensor) else f"{stored.bits}-bit RTN"
-        raise ValueError(
-            f"segments[{index}].stored_{name} is {what}: backend=triton supports RTN storage with bits in "
-            f"{KERNEL_BITS} and full precision; use backend=cached for it"
-        )
-    if stored.dither is not None:
-        raise ValueError(f"segments[{index}].stored_{name} is dithered (quant.dither=subtractive): its offset is per "
-                         "element and backend=triton reads per-group zeros; use backend=cached for it")
-    return stored
-
-
-def _full_precision(seg: SegmentLike, name: str) -> torch.Tensor:
-    """(B, H, K, D) full-precision keys or values of a segment as stored (no dequantized copy)."""
-    stored = getattr(seg, f"stored_{name}", None)
-    return stored.data if isinstance(stored, FullPrecisionTensor) else getattr(seg, name)
-
-
 def _operand_code(q: torch.Tensor, operands: str | None) -> int:
     """The kernel's DOT code. Under TRITON_INTERPRET the dots run in numpy, whose bf16 ``tl.dot`` multiplies
     raw bit patterns (a Triton interpreter limitation: |out| ~ 1e9, no error): bf16 queries take float32
@@ -295,23 +175,21 @@ def _operand_code(q: torch.Tensor, operands: str | None) -> int:
     return OPERANDS[name]
 
 
-def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """The kernel reads rows through strides but needs unit stride along the last dim."""
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
+# the fused online softmax never holds a row's weights (no second order) and has no causal mask
+@register_backend("triton", Capabilities(kv_heads=True, second_order=False, causal=False,
+                                         storage_refusal=storage_refusal, device_refusal=device_refusal))
 def triton_cached_attention(
     q: torch.Tensor,
     k_cur: torch.Tensor,
     v_cur: torch.Tensor,
-    segments: Sequence[SegmentLike],
-    correction: str = "none",
-    scale: float | None = None,
-    strength: Strength = 1.0,
+    segments: Sequence[Segment],
+    correction: str,
+    scale: float,
+    strength: Strength,
+    second_order: bool,
+    causal: bool,
     block_m: int | None = None,
     block_n: int | None = None,
-    second_order: bool = False,
-    causal: bool = False,
     operands: str | None = None,
 ) -> torch.Tensor:
     """Fused attention over the packed cache: q (B, Hq, Q, D), k_cur/v_cur (B, Hkv, R, D/Dv) -> (B, Hq, Q, Dv).
@@ -320,54 +198,23 @@ def triton_cached_attention(
     columns before launch (the elementwise exact bias reads it per head in the kernel). ``operands``: the dots'
     operand dtype, "float32" | "bfloat16" | "float16" (None: the query's; float32 runs IEEE dots, for the
     oracle). ``block_m`` / ``block_n``: fixed tile sizes (None: autotuned on a GPU, 16 under the interpreter).
-    ``second_order`` is refused (the fused online softmax never holds a row's weights): ValueError naming the
-    backends that implement it.
+    ``second_order`` and ``causal`` are refused before the call (its capabilities): ValueError naming the
+    backends that take them.
     """
-    refuse_second_order(second_order, "triton")
-    refuse_causal(causal, "triton")
-    if q.ndim != 4 or k_cur.ndim != 4:
-        raise ValueError(f"q.shape={tuple(q.shape)}, k_cur.shape={tuple(k_cur.shape)}: both must be (B, H, S, D)")
-    heads_q, heads_kv = q.shape[1], k_cur.shape[1]
-    if heads_kv < 1 or heads_q % heads_kv:
-        raise ValueError(
-            f"k_cur.shape={tuple(k_cur.shape)} has {heads_kv} KV heads for q.shape={tuple(q.shape)}: "
-            f"the {heads_q} query heads must be a multiple of the KV heads"
-        )
-    check_strength(strength, heads_q)  # per query head (the check below sees the KV heads' view of q)
-    validate_attention_inputs(q[:, :heads_kv], k_cur, v_cur, segments, correction)
+    heads_kv = k_cur.shape[1]
     dim, dv = q.shape[-1], v_cur.shape[-1]
     for name, value in (("head_dim", dim), ("value_dim", dv), ("block_m", block_m), ("block_n", block_n)):
         if value is not None and (value < 16 or value & (value - 1)):
             raise ValueError(f"{name}={value} is not allowed for backend=triton: it must be a power of two >= 16")
     dot = _operand_code(q, operands)
-    scale = resolve_scale(scale, dim)
-    quantized: dict[tuple, list[tuple[RTNTensor, RTNTensor]]] = {}
-    full_k, full_v = [], []
-    for i, seg in enumerate(segments):
-        sk, sv = _check_storage(seg, i, "k"), _check_storage(seg, i, "v")
-        if sk is None and sv is None:
-            full_k.append(_full_precision(seg, "k"))
-            full_v.append(_full_precision(seg, "v"))
-        elif sk is None:
-            raise ValueError(
-                f"segments[{i}] has full-precision keys and quantized values: backend=triton reads quantized keys "
-                "with quantized or full-precision values (cache.values=none), or both full precision"
-            )
-        elif sv is None:  # cache.values=none: quantized keys, full-precision values read as stored
-            v_full = _full_precision(seg, "v")
-            quantized.setdefault((_layout_key(sk), ("full", v_full.dtype)), []).append((sk, v_full))
-        else:
-            quantized.setdefault((_layout_key(sk), _layout_key(sv)), []).append((sk, sv))
-    if full_k and len({t.dtype for t in full_k + full_v}) > 1:  # mixed dtypes (sinks and hand-built): one
-        full_k, full_v = [t.float() for t in full_k], [t.float() for t in full_v]
-    kf = _last_contiguous(_joined(full_k, dim=2)) if full_k else None  # (B, Hkv, NF, D)
-    vf = _last_contiguous(_joined(full_v, dim=2)) if full_v else None  # (B, Hkv, NF, Dv)
-    current = (_last_contiguous(k_cur), _last_contiguous(v_cur))  # (B, Hkv, R, D/Dv), read in place
+    cache = segment_operands(segments)  # per storage layout its chunks, and the full-precision ones joined
+    kf, vf = cache.full_k, cache.full_v
+    current = (last_contiguous(k_cur), last_contiguous(v_cur))  # (B, Hkv, R, D/Dv), read in place
     if isinstance(strength, torch.Tensor):
         strength = strength.to(device=q.device, dtype=torch.float32)  # (Hq,)
-    q_in = _last_contiguous(q)
+    q_in = last_contiguous(q)
     parts = []
-    groups = list(quantized.values()) or [None]
+    groups = cache.runs or [None]
     for index, members in enumerate(groups):
         last = index == len(groups) - 1
         parts.append(_launch(q_in, members, (kf, vf) if last else (None, None), current if last else None,
@@ -387,14 +234,15 @@ class Layout:
 
     bits: int = 8
     groups: int = 1
-    zero_kind: int = 0  # as _Packed.zero_kind
+    zero_kind: int = 0  # as PackedRun.zero_kind
     zero_offset: float = 0.0
     zero_scale: float = 1.0
     rows: bool = False  # a per-token stat-row table (per-channel layouts)
     full: bool = False  # not quantized: the values of cache.values=none, read as stored
 
 
-def _layout(p: _Packed | None) -> Layout:
+def _layout(p: PackedRun | None) -> Layout:
+    """The compile-time description of a packed run (the defaults when there is none)."""
     if p is None:
         return Layout()
     return Layout(p.bits, p.groups, p.zero_kind, p.zero_offset, p.zero_scale, p.rows is not None)
@@ -433,10 +281,24 @@ def _strides(t: torch.Tensor | None, dims: int = 3) -> tuple[int, ...]:
     return (0,) * dims if t is None else tuple(t.stride()[:dims])
 
 
-def _launch(q, members, full, current, correction, scale, strength, heads_kv, blocks, dot):
-    """One kernel launch over one storage layout's chunks (or none), the given cached full-precision keys and
-    the current chunk (or none). Returns the normalized output (B, Hq, Q, Dv) float32 and the log-sum-exp
-    (B, Hq, Q) of its scores."""
+def _launch(
+    q: torch.Tensor,
+    members: list[RunMember] | None,
+    full: tuple[torch.Tensor | None, torch.Tensor | None],
+    current: tuple[torch.Tensor, torch.Tensor] | None,
+    correction: str,
+    scale: float,
+    strength: Strength,
+    heads_kv: int,
+    blocks: tuple[int | None, int | None],
+    dot: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One kernel launch over one storage layout's chunks (``members``, from ``triton_packing.segment_operands``;
+    None: no quantized chunk), the cached full-precision keys and values ``full`` ((B, Hkv, NF, D/Dv) or None
+    each) and the current chunk ``current`` ((B, Hkv, R, D/Dv) each, or None). q (B, Hq, Q, D); ``scale`` the
+    softmax scale; ``strength`` a float or (Hq,) float32 tensor on q's device; ``blocks`` (BLOCK_M, BLOCK_N) or
+    None for the autotuner; ``dot`` the operand code (``OPERANDS``). Returns the normalized output (B, Hq, Q, Dv)
+    float32 and the log-sum-exp (B, Hq, Q) of its scores."""
     import triton
 
     batch, heads_q, n_q, dim = q.shape
@@ -448,11 +310,11 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
     bias_mode, terms, qb, q_max, qr = BIAS_NONE, 1, dummy_f, dummy_f, q
     head_strength = dummy_f
     if members is not None:
-        kp = _pack([m[0] for m in members], batch, heads_kv)
+        kp = pack_run([m[0] for m in members], batch, heads_kv)
         if isinstance(members[0][1], torch.Tensor):  # full-precision values: one view (or a concatenation)
-            vp, v_full = None, _last_contiguous(_joined([m[1] for m in members], dim=2))  # (B, Hkv, N, Dv)
+            vp, v_full = None, last_contiguous(joined([m[1] for m in members], dim=2))  # (B, Hkv, N, Dv)
         else:
-            vp, v_full = _pack([m[1] for m in members], batch, heads_kv), None
+            vp, v_full = pack_run([m[1] for m in members], batch, heads_kv), None
         if kp.rotation is not None:
             qr = kp.rotation.apply(q.float())  # (B, Hq, Q, D): rotated keys need only the rotated query
         weight = strength_view(strength, q, torch.float32)  # float or (1, Hq, 1, 1)
@@ -473,14 +335,14 @@ def _launch(q, members, full, current, correction, scale, strength, heads_kv, bl
     else:
         kp = vp = v_full = None
         n = 0
-    qr = _last_contiguous(qr)
+    qr = last_contiguous(qr)
     qb = qb.contiguous()
     v_rotation = vp.rotation if vp is not None else None
     out_q = torch.empty(batch, heads_q, n_q, dv, device=device)  # (B, Hq, Q, Dv)
     out_f = torch.empty_like(out_q) if v_rotation is not None else dummy_f
     lse = torch.empty(batch, heads_q, n_q, device=device)  # (B, Hq, Q)
 
-    def packed_args(p: _Packed | None) -> list:
+    def packed_args(p: PackedRun | None) -> list:
         if p is None:
             return [dummy_u8, 0, 0, 0, dummy_f, 0, 0, 0, dummy_f, dummy_i]
         return [p.codes, *_strides(p.codes), p.step, *_strides(p.step),

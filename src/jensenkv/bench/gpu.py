@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from jensenkv.bench.presets import preset
 from jensenkv.bench.timing import paired_ratio, time_interleaved
-from jensenkv.tracking import atomic_write
+from jensenkv.store.files import atomic_write
 
 COLUMNS = ("benchmark", "config", "value", "unit", "iqr", "repeats", "gpu")
 INT2 = {"bits": 2, "group_size": 32}

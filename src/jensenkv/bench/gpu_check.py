@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from jensenkv.tracking import atomic_write
+from jensenkv.store.files import atomic_write
 
 COLUMNS = ("check", "case", "status", "value", "unit", "target", "detail", "seconds")
 STATUSES = ("passed", "failed", "met", "missed", "measured", "skipped")

@@ -149,31 +149,24 @@ def attention_inputs(shape: GpuShape, ctx: CheckContext, quantized: bool, seed: 
     return q, k_cur, v_cur, cache.segments()
 
 
-GQA_BACKENDS = ("triton",)  # backends that read Hkv < Hq heads; the others get each KV head repeated
-
-
 def dense_gqa(q, k_cur, v_cur, segments):
     """K/V with each KV head repeated for its query heads, as dense segments: what a backend without GQA is
     handed (MAGI-1's caches expand their GQA heads this way for such backends)."""
-    from jensenkv.cache import CacheSegment
-    from jensenkv.correction import GroupSteps
-
     group = q.shape[1] // k_cur.shape[1]
 
     def rep(t: torch.Tensor) -> torch.Tensor:  # (B, Hkv, S, D) -> (B, Hq, S, D)
         return t.repeat_interleave(group, dim=1)
 
-    dense = [CacheSegment(rep(s.k), rep(s.v), None if s.steps is None else
-                          GroupSteps(rep(s.steps.step), s.steps.rotation)) for s in segments]
+    dense = [s.expanded(group) for s in segments]
     return q, rep(k_cur), rep(v_cur), dense
 
 
 def backend_call(name: str, q, k_cur, v_cur, segments, correction: str) -> torch.Tensor:
     """One call through the suite's backend table (``jensenkv.attention.get_backend``), its common contract;
     a backend without GQA gets ``dense_gqa`` inputs when the shape has fewer KV than query heads."""
-    from jensenkv.attention import get_backend
+    from jensenkv.attention.backends import get_backend, reads_kv_heads
 
-    if q.shape[1] != k_cur.shape[1] and name not in GQA_BACKENDS:
+    if q.shape[1] != k_cur.shape[1] and not reads_kv_heads(name):
         q, k_cur, v_cur, segments = dense_gqa(q, k_cur, v_cur, segments)
     with torch.inference_mode():
         return get_backend(name)(q, k_cur, v_cur, segments, correction=correction)
@@ -230,6 +223,8 @@ def environment(ctx: CheckContext) -> None:
 
 
 def oracle(ctx: CheckContext) -> None:
+    from jensenkv.attention.backends import reads_kv_heads
+
     tolerance = BF16_TOLERANCE if ctx.dtype == torch.bfloat16 else FP32_TOLERANCE
     for shape in ctx.shapes(oracle_shapes()):
         held: dict = {}
@@ -257,7 +252,7 @@ def oracle(ctx: CheckContext) -> None:
                     ctx.sync()
                     err = relative_error(out[:, :, held["rows"]], expected["out"])
                     dense = " (K/V repeated per query head: no GQA)" \
-                        if backend not in GQA_BACKENDS and shape.heads_q != shape.heads_kv else ""
+                        if not reads_kv_heads(backend) and shape.heads_q != shape.heads_kv else ""
                     ctx.add("oracle", case, "passed" if err <= tolerance else "failed", err, "relative error",
                             f"<= {tolerance:g}", f"{str(ctx.dtype).removeprefix('torch.')} operands, "
                             f"{len(held['rows'])} query rows per head{dense}", time.perf_counter() - started)

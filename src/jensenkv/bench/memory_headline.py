@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from jensenkv.tracking import atomic_write
+from jensenkv.store.files import atomic_write
 
 MMAP_THRESHOLD = "131072"  # the same fixed threshold as jensenkv.bench.memory
 GIB = float(1 << 30)

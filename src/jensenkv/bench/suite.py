@@ -25,7 +25,7 @@ import torch
 from jensenkv.bench.memory import LAYER_SHAPE, measure
 from jensenkv.bench.presets import label, preset
 from jensenkv.bench.timing import paired_ratio, time_interleaved
-from jensenkv.tracking import atomic_write
+from jensenkv.store.files import atomic_write
 
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
               "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput",

@@ -9,8 +9,10 @@ None for the commit pass (stored as -1 here so it survives CSV round trips).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a probe table is built: importing the scorers loads none
+    import pandas as pd
 
 COMMIT_STEP = -1
 SUMMARY_KEYS = ("p_s", "p_r", "p_s_ref", "delta_p_s", "jsd", "out_mse", "out_rel_err",
@@ -25,6 +27,8 @@ def probe_frame(probes: Sequence[dict], prompt_index: int = 0, seed: int = 0) ->
     """Probes -> DataFrame, one row per probe, with prompt_index and seed columns added."""
     if not probes:
         raise ValueError("probes=[] is not allowed: there is nothing to summarize")
+    import pandas as pd
+
     frame = pd.DataFrame(list(probes))
     absent = [k for k in REQUIRED_KEYS if k not in frame.columns]
     if absent:

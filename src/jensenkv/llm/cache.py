@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from jensenkv.attention.config import AttentionConfig, layer_strengths
-from jensenkv.cache import CacheConfig, CacheSettings, ChunkedKVCache, StoredSegment
+from jensenkv.cache import CacheConfig, CacheSettings, ChunkedKVCache, Segment
 from jensenkv.checks import check_int
 from jensenkv.quant import QuantConfig
 
@@ -108,7 +108,7 @@ class QuantizedPrefixLayer(CacheLayerMixin):
         self.store.reserve(max(0, keys.shape[2] - self.policy.residual_tokens - sinks), sinks)  # no growth slack
         self._commit_ready()
 
-    def segments(self) -> list[StoredSegment]:
+    def segments(self) -> list[Segment]:
         """The committed chunks, oldest first, as the cache's lazy views (KV heads as stored)."""
         return self.store.segments()
 

@@ -23,7 +23,8 @@ from jensenkv.eval.stats import Interval, PairedDifference
 from jensenkv.report.intervals import cell_interval, paired
 from jensenkv.report.options import Options
 from jensenkv.report.rows import cluster_means
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 NOISE_FLOOR_FILE = "noise_floor.csv"
 TEACHER_FORCED_DIR = "teacher_forced"
@@ -217,6 +218,6 @@ def checks_section(opts: Options, results_dir: str | Path, correction: str, bits
              *effect_lines(opts, results_dir, correction, bits), "", teacher_forced_section(results_dir),
              "## What the calibrated strengths cost", "",
              ("Strengths fitted per (layer, head) on calibration prompts and seeds disjoint from these "
-              "(`python -m jensenkv.calibrate`), paired per video:"), "",
+              "(`python -m jensenkv.calibration`), paired per video:"), "",
              *(cost or ["- no calibrated run in the store"]), ""]
     return "\n".join(lines)

@@ -53,7 +53,7 @@ from jensenkv.exit_codes import EPILOG, guarded, stop
 from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
 from jensenkv.report.publish import (PARTIAL, Part, add_store_args, publish, recover_store, report_error, shown_path,
                                     text_file)
-from jensenkv.tracking import portable
+from jensenkv.store.files import portable
 
 # Fidelity metrics and the side of 0 that is better (a paired difference there is an improvement).
 FIDELITY = {"psnr": "above", "ssim": "above", "lpips": "below", "vbench": "above"}

@@ -28,7 +28,8 @@ from jensenkv.report.intervals import cell_interval
 from jensenkv.report.layers import cell_probes, probe_layer_means
 from jensenkv.report.options import Options, load_options
 from jensenkv.report.rows import PROBE_VIDEO_KEYS
-from jensenkv.tracking import CorruptRecordError, portable
+from jensenkv.store.files import portable
+from jensenkv.store.record import CorruptRecordError
 
 DIAGNOSED = "em_log_zs_shift_mean"  # the run-level mean the runner stores when the probes carry diagnostics
 COLUMNS = ("row", "layer", "mean_err", "mean_err_small", "slope", "corr", "var_ratio", "first_order", "jensen",

@@ -1,7 +1,7 @@
 """Figures: memory-quality trade-off, attention mass per layer and step, the Jensen bias itself, and per-layer
 error-model diagnostics (``jensenkv.report.diagnostics``).
 
-Every function takes data (DataFrames from ``jensenkv.tracking.load_results`` / ``load_attention``) and
+Every function takes data (DataFrames from ``jensenkv.report.store_frame.load_results`` / ``load_attention``) and
 returns a matplotlib Figure; ``write_figures`` picks the runs from a results directory (their rows and
 treatments from ``jensenkv.report.rows``, the diagnostics from the claims' rows) and saves PNGs.
 """
@@ -27,7 +27,8 @@ from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
 from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, recover_store, report_error
 from jensenkv.report.rows import attach_details, full_cache
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.tracking import ResultsStore, load_attention, load_results
+from jensenkv.report.store_frame import load_attention, load_results
+from jensenkv.store.results import ResultsStore
 
 CORRECTION_STYLE = {"none": ("tab:red", "o", "no correction"), "taylor": ("tab:blue", "s", "Taylor correction"),
                     "exact": ("tab:green", "^", "exact correction")}

@@ -1,7 +1,7 @@
 """Commands that fill a report's missing cells: derived from a run the report has, checked by composing them.
 
 A missing cell is a twin of a run in the store: the same context (model, prompts, seeds, probes: what
-``tracking.comparison_columns`` calls the context) and quantizer, with other bits and no correction, say. The
+``store_frame.comparison_columns`` calls the context) and quantizer, with other bits and no correction, say. The
 command names the run's experiment and the quant preset whose composed config gives that twin; a preset is
 accepted only when the composed run has the store run's context and quantizer, with the requested changes.
 """
@@ -11,7 +11,9 @@ import copy
 from functools import lru_cache
 from pathlib import Path
 
-from jensenkv.tracking import ResultsStore, comparison_columns, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.report.store_frame import comparison_columns
+from jensenkv.store.results import ResultsStore
 
 SEED_FIELDS = ("rotation_seed", "dither_seed")  # swept by the experiment itself: replicates, not part of the row
 TRIES = 3

@@ -11,7 +11,7 @@ import pandas as pd
 
 from jensenkv.eval.attention import SUMMARY_KEYS, denoising_rows
 from jensenkv.report.rows import run_ids_of
-from jensenkv.tracking import load_attention
+from jensenkv.report.store_frame import load_attention
 
 CELL_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation_seeds", "treatment", "run_id")
 

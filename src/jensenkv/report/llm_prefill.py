@@ -50,7 +50,7 @@ def row_name(labels: dict) -> str:
 
 def load(results: Path) -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
     """(records, every window row, every layer row) of the LLM store; rows carry their run's labels."""
-    from jensenkv.llm_store import LAYERS_FILE, WINDOWS_FILE, records, side_table, store_at
+    from jensenkv.store.llm import LAYERS_FILE, WINDOWS_FILE, records, side_table, store_at
 
     store = store_at(results)
     found = records(store)
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(args: argparse.Namespace) -> None:
-    from jensenkv.llm_store import DamagedLlmRunError
+    from jensenkv.store.llm import DamagedLlmRunError
 
     recover_store(args)
     try:

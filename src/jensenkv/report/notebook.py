@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from jensenkv.report.model_choice import choose_model, store_models
-from jensenkv.tracking import load_results
+from jensenkv.report.store_frame import load_results
 
 
 def results_dir() -> Path:

@@ -32,7 +32,8 @@ from jensenkv.report.intervals import cell_interval, cluster_differences, paired
 from jensenkv.report.rows import (QUANTIZER_ORDER, REASON_SOURCE, VIDEO_KEYS, attach_details, by_replicate,
                                   cluster_means, per_prompt_seed, present, quantizer_fields, video_metrics)
 from jensenkv.report.selection import Selection, comparable, latest
-from jensenkv.tracking import ResultsStore, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.results import ResultsStore
 
 # Labels that say what is stored in the cache; every other label is a variant of attention-time handling.
 ROW_LABELS = ("model", "quantizer", "method", "bits", "group_size", "granularity", "rotation", "values",

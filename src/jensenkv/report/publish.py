@@ -225,8 +225,8 @@ def shown_path(path: str | Path) -> str:
 def report_error(error: Exception) -> NoReturn:
     """A report's one-line error and its status: a damaged store or a failed write 3, a bad flag or path 2."""
     from jensenkv.exit_codes import BAD_INPUT, FAILED, stop
-    from jensenkv.llm_store import DamagedLlmRunError
-    from jensenkv.record_check import CorruptRecordError
+    from jensenkv.store.llm import DamagedLlmRunError
+    from jensenkv.store.record import CorruptRecordError
 
     damaged = isinstance(error, (CorruptRecordError, DamagedLlmRunError))
     failed = isinstance(error, OSError) and not isinstance(error, FileNotFoundError)

@@ -2,12 +2,12 @@
 are pooled, how a video is named and in which order the tables list things (no list of known quantizers or
 corrections).
 
-A row is one quantizer of one model: the run's key and value quantizer settings (``tracking.QUANTIZER``) with
+A row is one quantizer of one model: the run's key and value quantizer settings (``store_frame.QUANTIZER``) with
 every seed field (``*_seed``: rotation, dither, k-means seeds) left out. Runs of one row and treatment that
 differ only in seeds are its replicates and are pooled: each (prompt, seed, replicate) is one video
 (VIDEO_KEYS), a treated video pairs with the uncorrected video of the same key, and where two rows are compared
 (the claims' INT2 vs INT4) each row's replicates are first averaged per (prompt, seed). A treatment is what the
-runs of a row are compared on: the identity fields of ``jensenkv.tracking.COMPARED`` (correction, strength and
+runs of a row are compared on: the identity fields of ``jensenkv.report.store_frame.COMPARED`` (correction, strength and
 any field added there), labelled "none" for the uncorrected baseline. The row's label spells out its settings:
 method, zero point, dither, smoothing, rotation with the number of rotation seeds pooled, QVG's centroids; bits
 and group go in their own column. So a new quantizer option is a new row and a new correction or strength a new
@@ -24,7 +24,9 @@ from typing import Any
 import pandas as pd
 
 from jensenkv.quant.config import QuantConfig
-from jensenkv.tracking import COMPARED, QUANTIZER, ResultsStore, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.report.store_frame import COMPARED, QUANTIZER
+from jensenkv.store.results import ResultsStore
 
 BASELINE = "none"  # the treatment every other one is paired against
 DETAIL_COLUMNS = ("row_id", "replicate", "rotation_seed", "treatment", "zero_point", "dither", "smoothing",

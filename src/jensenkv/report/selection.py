@@ -2,7 +2,7 @@
 
 Every row of ``load_results`` carries ``context`` (model and sampler settings, weights digest, prompts,
 seeds, cache layout, evaluators) and ``setting`` (the context plus the quantizer): see
-``jensenkv.tracking.comparison_columns``. A table or figure is drawn from one context only, so its runs
+``jensenkv.report.store_frame.comparison_columns``. A table or figure is drawn from one context only, so its runs
 differ in the quantizer and the correction and nothing else; the two runs of a "none -> correction" cell
 share one setting. Runs of other contexts are left out and reported, never mixed in.
 """
@@ -15,7 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from jensenkv.tracking import COMPARED, QUANTIZER, ResultsStore, config_hash
+from jensenkv.hashing import config_hash
+from jensenkv.report.store_frame import COMPARED, QUANTIZER
+from jensenkv.store.results import ResultsStore
 
 RUN_ORDER = ("num_prompts", "created_at", "run_id")  # latest(): most prompts, then newest, then a fixed order
 
@@ -105,7 +107,7 @@ def _shown(value: Any) -> str:
 def context_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
     """"prompts: 2 items b5f894 (chosen: 16 items ba7fc5); seeds: [0] (chosen: [0, 1, 2])": the context fields
     (not the quantizer or the correction) in which one run differs from the chosen runs."""
-    ignored = (*COMPARED, *QUANTIZER, "metrics")  # the context is the rest (tracking.comparison_columns) ...
+    ignored = (*COMPARED, *QUANTIZER, "metrics")  # the context is the rest (store_frame.comparison_columns) ...
     in_context = {k for k in set(theirs) | set(ours) if k.split(".")[0] not in ignored} | {"key.store_dtype"}
     keys = sorted(k for k in in_context if theirs.get(k) != ours.get(k))  # ... plus the cache's storage dtype
     return "; ".join(f"{k}: {_shown(theirs.get(k))} (chosen: {_shown(ours.get(k))})" for k in keys)

@@ -49,7 +49,8 @@ from jensenkv.exit_codes import EPILOG, guarded, stop
 from jensenkv.machine import PLATFORM_FILE, platform_text
 from jensenkv.exit_codes import PARTIAL as PARTIAL_EXIT
 from jensenkv.report.publish import PARTIAL, Part, add_store_args, publish, recover_store, report_error, text_file
-from jensenkv.tracking import load_results, portable
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.files import portable
 
 CSV_COLUMNS = ("model", "quantizer", "label", "bits", "group_size", "rotation", "rotation_seeds", "zero_point",
                "dither", "smoothing", "qvg_centroids", "correction", "strength", "treatment", "effective_bits",

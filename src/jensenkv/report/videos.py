@@ -23,7 +23,9 @@ from jensenkv.exit_codes import EPILOG, PARTIAL, guarded, stop
 from jensenkv.eval.video_files import UPSCALED_DIR, load_mp4, mp4_fps, save_mp4, upscale
 from jensenkv.report.model_choice import choose_model
 from jensenkv.report.options import load_options
-from jensenkv.tracking import ResultsStore, atomic_write, load_results
+from jensenkv.report.store_frame import load_results
+from jensenkv.store.files import atomic_write
+from jensenkv.store.results import ResultsStore
 
 STRIP_DIR = "videos"  # under the results directory: <results>/videos/<model>/<setting>/<prompt>.mp4
 GAP = 8  # pixels between two panels of a strip (even: the encoder's yuv420p needs even sides)

@@ -198,7 +198,8 @@ def precheck(args: Sequence[str]) -> None:
 
 def check_environment() -> None:
     """The environment variables a run reads, checked before any job (each names itself in the error)."""
-    from jensenkv.tracking import lock_stale_after_s, resolve_wandb_mode
+    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.store.lock import lock_stale_after_s
 
     lock_stale_after_s()  # JENSENKV_LOCK_STALE_S
     resolve_wandb_mode("offline")  # WANDB_MODE, which wins over logger.mode
@@ -271,7 +272,7 @@ def _written_dirs(spec: Any) -> list[tuple[str, str]]:
     in the environment wins, as in ``runner.run_environment``)."""
     import os
 
-    from jensenkv.tracking import resolve_wandb_mode
+    from jensenkv.logger_config import resolve_wandb_mode
 
     folders = [("paths.results_dir", spec.paths.results_dir)]
     if resolve_wandb_mode(spec.logger.mode) != "disabled":
@@ -285,7 +286,7 @@ def check_writable_dir(folder: str, key: str = "paths.results_dir") -> None:
     would wait on a lock it can never take, or retry a W&B log that can never succeed."""
     import os
 
-    from jensenkv.tracking import describe_write_error, probe_writable
+    from jensenkv.store.files import describe_write_error, probe_writable
 
     try:
         probe_writable(Path(folder).expanduser())
@@ -321,7 +322,7 @@ def task(cfg: Any) -> dict | None:
     import os
 
     from jensenkv.run.orphans import stop_with_sweep
-    from jensenkv.tracking import LockError
+    from jensenkv.store.lock import LockError
 
     logging.raiseExceptions = False  # a log file on a full disk: no "--- Logging error ---" tracebacks
     stop_with_sweep()  # a parallel worker ends with its sweep

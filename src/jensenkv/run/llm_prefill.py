@@ -32,7 +32,8 @@ from pathlib import Path
 from jensenkv.exit_codes import EPILOG, guarded
 from jensenkv.hashing import config_hash
 from jensenkv.llm_config import LlmPrefillConfig, RunPlan, compose, plan_runs
-from jensenkv.llm_store import (
+from jensenkv.quant import QuantConfig
+from jensenkv.store.llm import (
     LAYERS_FILE,
     RECORD_SCHEMA,
     WINDOWS_FILE,
@@ -42,7 +43,6 @@ from jensenkv.llm_store import (
     store_at,
     window_path,
 )
-from jensenkv.quant import QuantConfig
 
 log = logging.getLogger("jensenkv.llm")
 
@@ -57,7 +57,8 @@ def _work(cfg: LlmPrefillConfig, runs: list[tuple], windows: list[tuple[int, lis
     from jensenkv.llm.attention import register
     from jensenkv.llm.prefill import TREATMENTS, full_precision_pass, measure_window
     from jensenkv.llm.weights import load_causal_lm
-    from jensenkv.tracking import ResultsStore, atomic_write_json
+    from jensenkv.store.files import atomic_write_json
+    from jensenkv.store.results import ResultsStore
 
     store = ResultsStore(results_dir)
     torch.manual_seed(0)
@@ -94,7 +95,7 @@ def assemble(store, plan: RunPlan, window_meta: list[dict], model_label: str, se
     import pandas as pd
 
     from jensenkv.run.runner import _versions
-    from jensenkv.tracking import atomic_write, atomic_write_json, read_json
+    from jensenkv.store.files import atomic_write, atomic_write_json, read_json
 
     window_rows, layer_rows, byte_rows, timing = [], [], [], {}
     for meta in window_meta:
@@ -141,7 +142,9 @@ def assemble(store, plan: RunPlan, window_meta: list[dict], model_label: str, se
 
 def log_wandb(store, cfg: LlmPrefillConfig, record: dict) -> None:
     """The record's metrics to W&B once (``wandb.json`` marks it); a failure keeps the record and is retried."""
-    from jensenkv.tracking import WandbRun, atomic_write_json, resolve_wandb_mode
+    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.run.wandb import WandbRun
+    from jensenkv.store.files import atomic_write_json
 
     mode = resolve_wandb_mode(cfg.logger.mode)
     marker = store.wandb_marker_path(record["run_id"])

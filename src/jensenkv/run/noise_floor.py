@@ -51,7 +51,7 @@ def videos(spec: Any, batch_size: int = 1) -> list[Any]:
 
     from jensenkv.generate import generate_videos
     from jensenkv.models import build_adapter
-    from jensenkv.run.runner import _to_uint8, check_finite
+    from jensenkv.run.videos import check_finite, to_uint8 as _to_uint8
 
     torch.set_num_threads(spec.threads or 1)
     cache = spec.reference_cache_config() if spec.is_reference else spec.cache_config(keep_reference=False)
@@ -110,7 +110,7 @@ def write_noise_floor(overrides: Sequence[str] = (), out: str | Path | None = No
     import pandas as pd
 
     from jensenkv.run import compose_config
-    from jensenkv.tracking import atomic_write
+    from jensenkv.store.files import atomic_write
 
     rows = measure(overrides)
     path = Path(out) if out is not None else Path(compose_config(list(overrides)).paths.results_dir) / "noise_floor.csv"

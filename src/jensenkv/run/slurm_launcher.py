@@ -78,7 +78,7 @@ def run_id_of(config: Any) -> tuple[str, bool]:
     from omegaconf import open_dict
 
     from jensenkv.spec import build_spec
-    from jensenkv.tracking import ResultsStore
+    from jensenkv.store.results import ResultsStore
 
     with open_dict(config):
         config.pop("hydra", None)  # the task's view, as Hydra hands it to the job

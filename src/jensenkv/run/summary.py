@@ -72,7 +72,8 @@ def _label(spec) -> str:
 def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
     """The distinct runs of the command, and whether each was finished before it started; None if unknown."""
     from jensenkv.spec import build_spec, compose_config
-    from jensenkv.tracking import ResultsStore, resolve_wandb_mode
+    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.store.results import ResultsStore
 
     try:
         jobs = _job_overrides(args)
@@ -101,7 +102,9 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
     still queued or running is "queued"; one whose job ended without a record says how (sacct's state and
     the job's one-line reason)."""
     from jensenkv.run.slurm_launcher import ACTIVE_STATES, sweep_jobs
-    from jensenkv.tracking import CorruptRecordError, ResultsStore, ResultsWriteError, read_json
+    from jensenkv.store.files import ResultsWriteError, read_json
+    from jensenkv.store.record import CorruptRecordError
+    from jensenkv.store.results import ResultsStore
 
     store = ResultsStore(run.results_dir)
     job = sweep_jobs().get(run.run_id)

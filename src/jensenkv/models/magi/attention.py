@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache, StoredSegment, expand_segment
+from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment, expand_segment
 from jensenkv.attention.config import layer_strengths
 from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.attention.backends import get_backend, reads_kv_heads
@@ -65,12 +65,12 @@ class MagiLayerCaches:
         self.probe_records: list[dict] = []
         self.quantize_seconds = 0.0
 
-    def segments(self, layer: int) -> list[CacheSegment]:
+    def segments(self, layer: int) -> list[Segment]:
         """Layer's visible cached chunks, GQA-expanded to the query heads for this call only: the cache keeps
         the KV heads' stored form, the expanded copies live as long as the attention call that reads them."""
         return [expand_segment(seg, self.groups) for seg in self.caches[layer].segments()]
 
-    def stored_segments(self, layer: int) -> list[StoredSegment]:
+    def stored_segments(self, layer: int) -> list[Segment]:
         """Layer's visible cached chunks as the cache's views, KV heads as stored (nothing expanded or copied)."""
         return self.caches[layer].segments()
 
@@ -128,7 +128,7 @@ class WindowAttention:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
     def _record_probes(self, layer: int, chunk: WindowChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       segments: list[CacheSegment], attended: torch.Tensor) -> None:
+                       segments: list[Segment], attended: torch.Tensor) -> None:
         """One record per video of the batch, each computed on that video alone (``probe_videos``), reusing the
         attention output ``attended`` (B, H, T, Dv) of these inputs."""
         for values in probe_videos(q, k, v, segments, self.caches.attention, self.caches.strengths[layer],

@@ -16,7 +16,7 @@ from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
 from jensenkv.attention import get_backend
 from jensenkv.attention.videos import attend_videos, probe_videos
-from jensenkv.cache import CacheConfig, CacheSegment, ChunkedKVCache
+from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment
 from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, AttentionSettings, ChunkState, InFlightChunk
 
 
@@ -50,7 +50,7 @@ def window_context(position: int, kv_range: int | None) -> tuple[int, int | None
     return in_flight, kv_range - in_flight
 
 
-def limit_kv_range(segments: list[CacheSegment], kv_range: int | None) -> list[CacheSegment]:
+def limit_kv_range(segments: list[Segment], kv_range: int | None) -> list[Segment]:
     """The most recent ``kv_range`` visible cached chunks (all when None, or when fewer are visible)."""
     if kv_range is None:
         return segments
@@ -133,7 +133,7 @@ class CachedSelfAttnProcessor:
         return attn.to_out[1](attn.to_out[0](out))
 
     def _window_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          cached: list[CacheSegment], branch: str) -> torch.Tensor:
+                          cached: list[Segment], branch: str) -> torch.Tensor:
         """Each in-flight chunk attends to its visible cached chunks and block-causally to the window.
 
         q, k, v: (B, H, S, D) over the window's chunks (equal lengths, oldest first) -> (B, H, S, D).
@@ -156,7 +156,7 @@ class CachedSelfAttnProcessor:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, S, D)
 
     def _record_probes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       segments: list[CacheSegment], chunk: InFlightChunk, branch: str, attended: torch.Tensor) -> None:
+                       segments: list[Segment], chunk: InFlightChunk, branch: str, attended: torch.Tensor) -> None:
         """One record per video of the batch, each computed on that video alone (``probe_videos``), reusing the
         attention output ``attended`` (B, H, T, Dv) of these inputs."""
         for values in probe_videos(q, k, v, segments, self.attention, self.strength, attended,

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from jensenkv.hashing import config_hash
-from jensenkv.record_check import file_sha256  # noqa: F401 - the one file hash (llm_prefill writes with it)
+from jensenkv.store.files import file_sha256  # noqa: F401 - the one file hash (llm_prefill writes with it)
 
 log = logging.getLogger("jensenkv.llm")
 STORE_FOLDER = "llm_prefill"
@@ -22,7 +22,7 @@ WINDOWS_FILE, LAYERS_FILE = "windows.csv", "layers.csv"
 
 
 def store_at(results_dir: str | Path):
-    from jensenkv.tracking import ResultsStore
+    from jensenkv.store.results import ResultsStore
 
     return ResultsStore(Path(results_dir) / STORE_FOLDER)
 
@@ -37,7 +37,7 @@ class DamagedLlmRunError(ValueError):
 
 def read_record(store, run_id: str) -> dict:
     """The run's record, checked: its id, its identity's hash, and each side file's size and sha256."""
-    from jensenkv.tracking import read_json
+    from jensenkv.store.files import read_json
 
     path = store.record_path(run_id)
     try:

@@ -29,10 +29,9 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: `import jensenkv.
     import pandas as pd
 
 from jensenkv.hashing import config_hash
+from jensenkv.store.files import file_sha256
+from jensenkv.store.record import ATTENTION_FILE, DIGEST, RECORD_SCHEMA, DamagedRunError, SealedRecord, content_digest
 
-RECORD_SCHEMA = 2  # 2: the record's and every run file's content digests (1: none, so nothing to verify by)
-DIGEST = "digest"  # a JSON file's own content digest: sha256 of its canonical text without this field
-ATTENTION_FILE = "attention.csv"
 LABEL_FIELDS = ("model", "quantizer", "method", "bits", "correction")  # what the tables select runs by
 INTEGER_LABELS = {"bits": False, "group_size": True, "sink_chunks": True, "window_chunks": True}  # -> nullable
 METRIC_KEYS = {"attention": "delta_p_s_mean", "teacher_forced": "tf_rel_err"}  # a metric's key, where not its name
@@ -42,52 +41,8 @@ LEGACY_TEXT_COLUMNS = ["branch"]  # a table its record lists without text column
 SHOWN = 3  # how many missing videos a message names
 CHANGED = "its sha256 is not the one its record lists (same size): changed since the run wrote it"
 
-
-class CorruptRecordError(ValueError):
-    """A results file exists but cannot be used; the message names it. Nothing is deleted."""
-
-
-class DamagedRunError(CorruptRecordError):
-    """A finished run whose record or side file does not hold what its run id says."""
-
-    def __init__(self, run_id: str, path: str | Path, what: str):
-        self.run_id, self.path, self.what = run_id, Path(path), what
-        super().__init__(f"damaged run {run_id} ({path}): {what}")
-
-
-class DamagedStoreError(CorruptRecordError):
-    """Damaged runs of a results store, one line each: no table is built from the others alone."""
-
-    def __init__(self, damaged: list[DamagedRunError]):
-        self.damaged = list(damaged)
-        super().__init__("\n".join([*map(str, self.damaged),
-                                    f"{len(self.damaged)} damaged run(s), so no table is built without them: rerun "
-                                    "the command that made them (a rerun regenerates a damaged run; nothing was "
-                                    "deleted)"]))
-
-
 NUMBER_TYPES = (int, float, type(None))  # a stored metric (null: not a number); a bool or a string is not one
 NOT_MEANS = ("vbench",)  # run-level values that are not the mean of the videos' (VBench scores the run's videos)
-_FILE_DIGESTS: dict[tuple, str] = {}  # sha256 by (path, stat): a process hashes an unchanged file once
-_FILE_DIGESTS_KEPT = 200_000
-
-
-def content_digest(obj: Mapping[str, Any]) -> str:
-    """sha256 of a JSON object's canonical text (sorted keys, no spaces), its own ``digest`` left out: an edit of
-    any value changes it, a reformatting does not."""
-    return config_hash({k: v for k, v in obj.items() if k != DIGEST}, length=64)  # the run ids' canonical JSON
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, kept while its stat (inode, size, mtime, ctime) is unchanged."""
-    st = path.stat()
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _FILE_DIGESTS:
-        if len(_FILE_DIGESTS) >= _FILE_DIGESTS_KEPT:
-            _FILE_DIGESTS.clear()
-        with open(path, "rb") as f:
-            _FILE_DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
-    return _FILE_DIGESTS[key]
 
 
 def identity_labels(identity: Mapping[str, Any]) -> dict | None:
@@ -125,7 +80,7 @@ def identity_labels(identity: Mapping[str, Any]) -> dict | None:
     }
 
 
-def check_record(run_id: str, record: Any, path: str | Path) -> dict:
+def check_record(run_id: str, record: Any, path: str | Path) -> SealedRecord:
     """``record`` (read from ``path``) when it holds what run ``run_id`` must; else DamagedRunError."""
     def damaged(what: str) -> DamagedRunError:
         return DamagedRunError(run_id, path, what)

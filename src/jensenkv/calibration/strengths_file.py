@@ -1,4 +1,4 @@
-"""Calibration files: signed per-(layer, head) correction strengths fitted by ``python -m jensenkv.calibrate``.
+"""Calibration files: signed per-(layer, head) correction strengths fitted by ``python -m jensenkv.calibration``.
 
 A run names one with ``attention.calibration=<path>``; its effective strength for layer l, head h is
 ``attention.strength * strengths[l][h]``. The file is JSON (written atomically), with its provenance:
@@ -66,7 +66,7 @@ def load_calibration(path: str) -> Calibration:
     """Read and check a calibration file; ValueError naming attention.calibration, the path and what is wrong."""
     file = Path(str(path)).expanduser()
     if not file.is_file():
-        fail_calibration(path, "the file does not exist (write one with `python -m jensenkv.calibrate`)")
+        fail_calibration(path, "the file does not exist (write one with `python -m jensenkv.calibration`)")
     stat = file.stat()
     return _load(str(file.resolve()), stat.st_size, stat.st_mtime_ns, str(path))
 
@@ -150,7 +150,7 @@ def check_calibration(run: Any, shape: tuple[int, int] | None) -> Calibration:
     seeds = cal.content["calibration"].get("seeds")
     if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
         fail_calibration(path, "it does not list the integer seeds it was fitted on (calibration.seeds): refit it "
-                               "with `python -m jensenkv.calibrate`")
+                               "with `python -m jensenkv.calibration`")
     shared = sorted(set(seeds) & {int(x) for x in run.eval.seeds})
     if shared:
         fail_calibration(path, f"its calibration seeds overlap the run's evaluation seeds {shared}: strengths must "

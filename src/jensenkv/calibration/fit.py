@@ -1,7 +1,7 @@
-"""``python -m jensenkv.calibrate``: fit signed per-(layer, head) correction strengths on calibration prompts.
+"""``python -m jensenkv.calibration``: fit signed per-(layer, head) correction strengths on calibration prompts.
 
-    python -m jensenkv.calibrate quant=rtn correction=taylor            # eval=calibration by default
-    python -m jensenkv.calibrate quant=rtn correction=taylor --name rtn-int2-g32 --out my/strengths.json
+    python -m jensenkv.calibration quant=rtn correction=taylor            # eval=calibration by default
+    python -m jensenkv.calibration quant=rtn correction=taylor --name rtn-int2-g32 --out my/strengths.json
     python -m jensenkv.run quant=rtn correction=taylor attention.calibration=results/calibration/rtn-int2-g32.json
 
 The same Hydra config as ``jensenkv.run`` (configs/config.yaml), with ``eval=calibration`` unless an ``eval=``
@@ -52,7 +52,7 @@ import numpy as np
 from jensenkv.attention.diagnostics import HEAD_MOMENT_KEYS
 from jensenkv.exit_codes import EPILOG
 
-log = logging.getLogger("jensenkv.calibrate")
+log = logging.getLogger("jensenkv.calibration")
 OBJECTIVE = ("least squares per (layer, head): s = argmin_s sum (delta - s * <b>)^2 over probed denoising steps, "
              "chunks, CFG branches and queries; delta = log Z_S(dequantized keys) - log Z_S(full-precision keys), "
              "both without bias; <b> = sum_i pi_hat_i b_i / sum_i pi_hat_i over cached keys, b the correction at "
@@ -194,8 +194,9 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
     from jensenkv.generate import generate_videos
     from jensenkv.models import build_adapter
     from jensenkv.models.registry import family
-    from jensenkv.run.runner import check_finite, default_threads
-    from jensenkv.tracking import atomic_write_json, check_output_file
+    from jensenkv.run.environment import default_threads
+    from jensenkv.run.videos import check_finite
+    from jensenkv.store.files import atomic_write_json, check_output_file
 
     spec = calibration_spec(spec)
     if shrink is not None and (isinstance(shrink, bool) or not isinstance(shrink, (int, float))
@@ -276,7 +277,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m jensenkv.calibrate", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m jensenkv.calibration", description=__doc__.split("\n\n")[0],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", help="file name (default: <model>-<quantizer>-int<bits>-g<group>-<correction>)")
     parser.add_argument("--out", help="output path (default: <paths.results_dir>/calibration/<name>.json)")
@@ -290,7 +291,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def calibrate_overrides(overrides: Sequence[str] = (), out: str | Path | None = None,
                         name: str | None = None, shrink: float | None = None) -> Path:
-    """Compose ``overrides`` as ``python -m jensenkv.calibrate`` does (eval=calibration by default) and calibrate."""
+    """Compose ``overrides`` as ``python -m jensenkv.calibration`` does (eval=calibration by default) and calibrate."""
     from jensenkv.run import compose_config
     from jensenkv.spec import build_spec
 
@@ -308,6 +309,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     run_command(overrides, lambda: calibrate_overrides(overrides, out=args.out, name=args.name, shrink=args.shrink))
 
-
-if __name__ == "__main__":
-    main()
