@@ -77,6 +77,8 @@ def make_fixtures(root: Path) -> dict[str, str]:
         "config_no_data": _weights_dir(root, "config_no_data", json.dumps(no_data), weights),
         "weights_nan": _weights_dir(root, "weights_nan", config, _poisoned(weights, float("nan"))),
         "weights_inf": _weights_dir(root, "weights_inf", config, _poisoned(weights, float("inf"))),
+        # a PATH without any SLURM client, whether or not this machine has one (PATH={no_slurm})
+        "no_slurm": _empty_dir(root / "no_slurm_on_path"),
         # a SLURM client whose scheduler refuses every job with sbatch's own words (PATH={slurm_...}:/usr/bin:/bin)
         "slurm_no_gpus": fake_slurm(root / "slurm_no_gpus", "Invalid generic resource (gres) specification"),
         "slurm_small_memory": fake_slurm(root / "slurm_small_memory", "Memory specification can not be satisfied"),
@@ -85,15 +87,21 @@ def make_fixtures(root: Path) -> dict[str, str]:
     }
 
 
+def _empty_dir(folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
 def fake_slurm(folder: Path, refusal: str | None) -> str:
-    """A folder with ``srun`` and an ``sbatch`` that refuses (``sbatch: error: <refusal>``, exit 1) or, with
+    """A folder with ``srun``, an ``sinfo`` that lists no node, and an ``sbatch`` that refuses (``sbatch: error: <refusal>``, exit 1) or, with
     None, accepts a --test-only submission; each call's arguments are appended to ``sbatch.calls``."""
     folder.mkdir(parents=True, exist_ok=True)
     answer = (f"echo 'sbatch: error: {refusal}' >&2; exit 1" if refusal is not None
               else 'echo "sbatch: Job 1 to start at 2026-01-01T00:00:00 using 1 processors on nodes n1"; exit 0')
     (folder / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> "{folder}/sbatch.calls"\n{answer}\n')
     (folder / "srun").write_text("#!/bin/sh\nexit 0\n")
-    for name in ("sbatch", "srun"):
+    (folder / "sinfo").write_text("#!/bin/sh\nexit 1\n")  # no node list: the machine's own SLURM stays out of it
+    for name in ("sbatch", "srun", "sinfo"):
         (folder / name).chmod(0o755)
     return str(folder)
 

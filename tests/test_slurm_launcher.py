@@ -14,8 +14,67 @@ def test_defaults_leave_partition_and_account_to_sbatch_and_requeue_on_timeout(m
     launcher = _launcher()
     assert launcher._target_.endswith("SlurmLauncher")
     assert launcher.partition is None and launcher.account is None  # no #SBATCH line: sbatch's own defaults
-    assert launcher.max_num_timeout > 0 and launcher.timeout_min > 0 and launcher.gpus_per_node == 1
+    assert launcher.max_num_timeout > 0 and launcher.timeout_min > 0
     assert launcher.signal_delay_s > 0  # the warning before the time limit that triggers the requeue
+    # resources are the model family's: left null here, filled in by the command line
+    assert launcher.gpus_per_node is None and launcher.cpus_per_task is None and launcher.mem_gb is None
+
+
+def _resources(*args: str) -> dict[str, str]:
+    from jensenkv.run.cli import with_family_resources
+
+    added = with_family_resources(["-m", "hydra/launcher=slurm", *args])[len(args) + 2:]
+    return dict(a.removeprefix("hydra.launcher.").split("=") for a in added)
+
+
+def test_the_built_in_model_asks_for_no_gpu_and_what_its_family_states():
+    from jensenkv.models.registry import family
+
+    assert _resources() == {"gpus_per_node": "0", "cpus_per_task": "1", "mem_gb": "2"}
+    assert _resources("experiment=table1") == {"gpus_per_node": "0", "cpus_per_task": "1", "mem_gb": "2"}
+    # the user's own setting wins, and is not repeated
+    assert _resources("hydra.launcher.mem_gb=5") == {"gpus_per_node": "0", "cpus_per_task": "1"}
+    tiny = family("tiny")
+    assert tiny.resources(_model("tiny"), video=2**30).mem_gb == 2 + tiny.cpu_batch_size  # its CPU batch in RAM
+
+
+def _model(name: str, device: str = "auto"):
+    from jensenkv.spec import compose_config
+
+    model = compose_config([f"model={name}"]).model
+    model.device = device  # as written: composing resolved "auto" on this GPU-less host
+    return model
+
+
+def test_a_real_model_asks_for_a_gpu_and_the_memory_its_family_states():
+    from jensenkv.models.family import NodeResources
+    from jensenkv.models.registry import family
+
+    for name in ("skyreels_v2_df_1_3b", "magi1_4_5b", "worldplay_8b"):
+        model = _model(name)
+        own = family(model.kind)
+        assert own.resources(model, video=0) == NodeResources(1, own.node_cpus, own.node_memory_gb), name
+        assert own.resources(_model(name, "cpu"), video=0).gpus == 0  # model.device=cpu: no GPU asked
+
+
+def test_a_launcher_elsewhere_gets_no_resource_override():
+    from jensenkv.run.cli import with_family_resources
+
+    args = ["-m", "quant=bf16,rtn", "hydra/launcher=local_parallel"]
+    assert with_family_resources(args) == args
+
+
+def test_a_requeue_signal_the_job_cannot_catch_yet_is_refused():
+    import pytest
+
+    from jensenkv.run.slurm_resources import check_time_limit
+
+    check_time_limit({"timeout_min": 3, "signal_delay_s": 60})  # measured: requeued and resumed
+    check_time_limit({"timeout_min": 240, "signal_delay_s": 120})  # the defaults
+    for timeout_min, delay in ((1, 120), (1, 30), (2, 60)):  # measured: (1, 120) killed, (1, 30) died requeued
+        with pytest.raises(ValueError, match=r"^hydra.launcher.signal_delay_s=\d+ is not allowed: with "
+                                             r"hydra.launcher.timeout_min=\d+ the requeue signal may come"):
+            check_time_limit({"timeout_min": timeout_min, "signal_delay_s": delay})
 
 
 def test_partition_and_account_from_environment_and_command_line(monkeypatch):
@@ -40,12 +99,13 @@ def test_the_tested_script_is_the_one_the_launcher_submits(tmp_path, monkeypatch
     _fake_slurm(tmp_path, monkeypatch, None)  # submitit's executor wants srun on PATH
 
     script = submission_script(_container("hydra.launcher.partition=cpu", "hydra.launcher.mem_gb=3",
-                                          "hydra.launcher.gpus_per_node=0"), tmp_path)
+                                          "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=8"),
+                               tmp_path)
     lines = set(script.splitlines())
     assert {"#SBATCH --partition=cpu", "#SBATCH --mem=3GB", "#SBATCH --cpus-per-task=8", "#SBATCH --time=240",
             "#SBATCH --signal=USR2@120"} <= lines
     assert "#SBATCH --gpus-per-node=0" in lines  # what submitit writes for a CPU job, and sbatch judges
-    assert "#SBATCH --gpus-per-node=1" in submission_script(_container(), tmp_path)
+    assert "#SBATCH --gpus-per-node=1" in submission_script(_container("hydra.launcher.gpus_per_node=1"), tmp_path)
 
 
 def _fake_slurm(tmp_path, monkeypatch, refusal):
@@ -78,7 +138,8 @@ def test_each_refusal_names_the_setting_behind_it(tmp_path, monkeypatch):
              "Invalid account or account/partition combination specified": ("hydra.launcher.account='x'",
                                                                             "hydra.launcher.account=x"),
              "Requested time limit is invalid (missing or exceeds some limit)": ("hydra.launcher.timeout_min=240",),
-             "Requested node configuration is not available": ("hydra.launcher.cpus_per_task=8",),
+             "Requested node configuration is not available": ("hydra.launcher.cpus_per_task=8",
+                                                               "hydra.launcher.cpus_per_task=8"),
              "Something new": ("hydra/launcher='slurm'",)}
     for i, (refusal, (named, *overrides)) in enumerate(cases.items()):
         _fake_slurm(tmp_path / str(i), monkeypatch, refusal)
@@ -98,3 +159,70 @@ def test_a_controller_that_never_answers_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"^hydra/launcher='slurm' is not allowed: the SLURM controller did not "
                                          r"answer `sbatch --test-only` in 0.5 s"):
         slurm_check.check_slurm_accepts(_container())
+
+
+# --- a job's end as one line, and the summary's words for a SLURM sweep -----------------------------------
+SUBMITIT_CANCELLED = """Job 17_0 (task: 0) with path /x/.submitit/17_0/17_0_0_result.pkl
+has not produced any output (state: CANCELLED by 0)
+Error stream produced:
+----------------------------------------
+
+run e884ba125e38b3b9 (rtn):   0%|          | 0/4 [00:00<?, ?video/s]srun: got SIGCONT
+slurmstepd-vm: error: *** JOB 18 ON vm CANCELLED AT 2026-12-07T10:12:55 ***
+srun: forcing job termination
+"""
+
+
+def test_a_job_that_ended_without_a_result_is_one_line_with_the_schedulers_words():
+    from jensenkv.run.slurm_launcher import one_line, sbatch_reason
+
+    assert one_line(SUBMITIT_CANCELLED) == "JOB 18 ON vm CANCELLED AT 2026-12-07T10:12:55"
+    assert one_line("Job 3_1 (task: 0) with path p\nhas not produced any output (state: NODE_FAIL)\n") == \
+        "has not produced any output (state: NODE_FAIL)"
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\nValueError: bad prompt\n'
+    assert one_line(traceback) == "ValueError: bad prompt"
+    import subprocess
+
+    refused = subprocess.CalledProcessError(1, ["sbatch"], output=b"", stderr=b"sbatch: error: Batch job submission "
+                                            b"failed: Requested node configuration is not available\n")
+    assert sbatch_reason(refused) == "Batch job submission failed: Requested node configuration is not available"
+
+
+def test_a_queued_job_is_queued_and_an_ended_one_says_how(tmp_path, monkeypatch):
+    import jensenkv.run.slurm_launcher as launcher
+    from jensenkv.exit_codes import PARTIAL
+    from jensenkv.run.summary import PlannedRun, summary_status
+
+    runs = [PlannedRun(f"run{i}", tmp_path, "rtn", finished_before=False, videos=1, wandb=True) for i in range(2)]
+    monkeypatch.setattr(launcher, "_SWEEP", {"run0": launcher.SweepJob("run0", "7_0", "PENDING"),
+                                             "run1": launcher.SweepJob("run1", "7_1", "CANCELLED", "JOB 9 CANCELLED")})
+    text, status = summary_status(runs, started_at=0)
+    assert status == PARTIAL and "1 missing, queued: 1" in text.splitlines()[0]
+    assert "queued: run run0 (rtn): SLURM job 7_0 still queued or running" in text
+    assert "missing: run run1 (rtn): no record: SLURM job 7_1 ended CANCELLED: JOB 9 CANCELLED" in text
+    assert "W&B" not in text  # no W&B failure for runs that have not ended
+
+
+def test_a_run_finished_by_an_orphan_of_a_lost_node_is_done_and_its_requeued_job_a_no_op(tmp_path, monkeypatch):
+    import jensenkv.run.slurm_launcher as launcher
+    from jensenkv.run.summary import outcome, PlannedRun
+    from jensenkv.store.results import ResultsStore
+
+    run = PlannedRun("0" * 16, tmp_path, "rtn", finished_before=False)
+    monkeypatch.setattr(ResultsStore, "has_record", lambda self, run_id: True)
+    monkeypatch.setattr(launcher, "_SWEEP", {run.run_id: launcher.SweepJob(run.run_id, "65_0", "PENDING")})
+    status, detail = outcome(run, started_at=0)
+    assert status == "done" and "65_0 is PENDING again, requeued after the record was written" in detail
+    monkeypatch.setattr(launcher, "_SWEEP", {run.run_id: launcher.SweepJob(run.run_id, "65_0", "CANCELLED")})
+    assert outcome(run, started_at=0) == ("done", "SLURM job 65_0 ended CANCELLED after the record was written")
+
+
+def test_a_node_configuration_refusal_names_the_resource_no_node_offers(tmp_path, monkeypatch):
+    from jensenkv.run.slurm_check import refused_setting
+
+    folder = _fake_slurm(tmp_path, monkeypatch, None)
+    (folder / "sinfo").write_text("#!/bin/sh\necho '2 24105 (null)'\n")  # one 2-CPU, 23 GB node, no GPU
+    message = "allocation failure: Requested node configuration is not available"
+    assert refused_setting(message, {"gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 64}) == ("mem_gb", 64)
+    assert refused_setting(message, {"gpus_per_node": 0, "cpus_per_task": 8, "mem_gb": 2}) == ("cpus_per_task", 8)
+    assert refused_setting(message, {"gpus_per_node": 1, "cpus_per_task": 1, "mem_gb": 2}) == ("gpus_per_node", 1)

@@ -69,6 +69,14 @@ class CheckpointNode:
         check_int("model.fps", model.fps, 1, optional=True)
 
 
+@dataclass(frozen=True)
+class NodeResources:
+    """What one run needs on a node (the SLURM launcher's gpus_per_node, cpus_per_task, mem_gb)."""
+    gpus: int
+    cpus: int
+    mem_gb: int
+
+
 class ModelFamily:
     """Base of a family: the defaults every family may keep. Subclasses set the class attributes."""
 
@@ -87,6 +95,8 @@ class ModelFamily:
     licence: ClassVar[str | None] = None                 # conditions of use of its weights (``make check-weights``)
     # dataclass of the family's own generation.* node (one field, FAMILY_GENERATION_NODES), e.g. MagiGenerationNode
     generation_node: ClassVar[type | None] = None
+    node_cpus: ClassVar[int] = 8                          # a GPU run's CPUs: data loading, decoding, VBench
+    node_memory_gb: ClassVar[int] = 64                    # a GPU run's host memory: weights while loading, VBench
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -162,6 +172,12 @@ class ModelFamily:
             return self.cpu_batch_size
         free, _ = torch.cuda.mem_get_info(device)
         return max(1, min(GPU_MAX_BATCH, int(GPU_MEMORY_SHARE * free // video_bytes(spec, self.extra_chunks_in_flight))))
+
+    def resources(self, model: Any, video: int) -> NodeResources:
+        """What a run needs on a node: one GPU unless model.device is the CPU (as written, not resolved on the
+        submitting host), ``node_cpus`` and ``node_memory_gb``. ``video``: bytes one video adds
+        (``video_bytes``), for families that keep their videos in host memory."""
+        return NodeResources(0 if str(model.device) == "cpu" else 1, self.node_cpus, self.node_memory_gb)
 
     def check_backend(self, backend: str) -> None:
         """Every registered backend (jensenkv.attention.ATTENTION_BACKENDS) but the refused ones."""

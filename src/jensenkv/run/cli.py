@@ -252,7 +252,10 @@ def check_launcher(hydra_node: Any, multirun: bool) -> None:
         return
     if "n_jobs" in launcher and (not is_int(launcher.n_jobs) or launcher.n_jobs == 0):
         fail("hydra.launcher.n_jobs", launcher.n_jobs, "a non-zero integer: jobs run at once (-1: every core)")
-    if "submitit" in str(launcher.get("_target_", "")).lower() and "slurm" in str(launcher._target_).lower():
+    from jensenkv.run.slurm_resources import check_time_limit, is_slurm
+
+    if is_slurm(launcher):
+        check_time_limit(launcher)
         if shutil.which("srun") is None or shutil.which("sbatch") is None:
             fail("hydra/launcher", hydra_node.runtime.choices.get("hydra/launcher", "slurm"),
                  "SLURM is not installed here (no srun or sbatch on PATH): run it on the cluster's login node, or "
@@ -340,6 +343,22 @@ def task(cfg: Any) -> dict | None:
         sys.exit(3)
 
 
+def with_family_resources(args: Sequence[str]) -> list[str]:
+    """``args`` plus the SLURM resources the model's family states, for those the command line does not set
+    (``jensenkv.run.slurm_resources``): the pre-check's ``sbatch --test-only`` then judges the jobs' own
+    request. Unchanged for other launchers."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from jensenkv.run.slurm_resources import resource_overrides
+
+    try:
+        base, variants = _sweep_plan(args)
+    except (HydraException, OmegaConfBaseException, ValueError, AssertionError):  # the pre-check names it
+        return list(args)
+    return [*args, *resource_overrides(args, base, variants)]
+
+
 HELP_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc"}
 
 
@@ -356,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(task)()
         return
     try:
+        args = with_family_resources(args)
         precheck(args)
     except (ValueError, FileNotFoundError) as e:  # checked before Hydra starts any job
         print(f"error: {e}", file=sys.stderr)

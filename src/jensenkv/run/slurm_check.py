@@ -30,8 +30,9 @@ REFUSALS = {
 ESCAPE = "or run locally with hydra/launcher=local_parallel"
 
 
-def submission_script(launcher: dict[str, Any], folder: Path) -> str:
-    """The sbatch script submitit writes for one job of this launcher config (``_target_`` and all)."""
+def make_executor(launcher: dict[str, Any], folder: Path) -> Any:
+    """submitit's SLURM executor for this launcher config, its parameters named as hydra-submitit-launcher
+    names them (the one place that translates them: the pre-check and the launcher share it)."""
     import submitit
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
@@ -41,12 +42,43 @@ def submission_script(launcher: dict[str, Any], folder: Path) -> str:
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **init)
     base = set(OmegaConf.structured(BaseQueueConf).keys())  # the launcher's rule: other keys get "slurm_"
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+    return executor
+
+
+def submission_script(launcher: dict[str, Any], folder: Path) -> str:
+    """The sbatch script submitit writes for one job of this launcher config (``_target_`` and all)."""
+    executor = make_executor(launcher, folder)
     return executor._executor._make_submission_file_text("true", "precheck")  # noqa: SLF001 - submitit's own text
 
 
+def largest_node() -> dict[str, int] | None:
+    """The most CPUs, memory (MB) and GPUs any node offers (``sinfo``); None when sinfo does not answer."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%c %m %G"], capture_output=True, text=True,
+                             timeout=TEST_ONLY_TIMEOUT_S).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    nodes = []
+    for line in out.splitlines():
+        cpus, memory, gres = (line.split() + ["", "", ""])[:3]
+        gpus = sum(int(part.rsplit(":", 1)[-1].split("(")[0]) for part in gres.split(",")
+                   if part.startswith("gpu") and part.rsplit(":", 1)[-1].split("(")[0].isdigit())
+        if cpus.rstrip("+").isdigit() and memory.rstrip("+").isdigit():
+            nodes.append({"cpus_per_task": int(cpus.rstrip("+")), "mem_gb": int(memory.rstrip("+")) // 1024,
+                          "gpus_per_node": gpus})
+    return {k: max(n[k] for n in nodes) for k in nodes[0]} if nodes else None
+
+
 def refused_setting(message: str, launcher: dict[str, Any]) -> tuple[str, Any] | None:
-    """(setting, value) of the launcher behind sbatch's refusal ``message``; None when it names none."""
+    """(setting, value) of the launcher behind sbatch's refusal ``message``; None when it names none. For
+    "node configuration is not available", the resource that exceeds every node (sinfo) when one does."""
     text = message.lower()
+    if "node configuration is not available" in text:
+        largest = largest_node()
+        for key in ("gpus_per_node", "mem_gb", "cpus_per_task"):
+            value = launcher.get(key)
+            if largest is not None and isinstance(value, int) and value > largest[key]:
+                return key, value
     for phrase, keys in REFUSALS.items():
         if phrase in text:
             for key in keys:

@@ -96,19 +96,28 @@ def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
 
 
 def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str, str]:
-    """("done" | "skipped" | "failed" | "missing", detail) of one planned run after the command ran; a done or
-    skipped run whose W&B log is still missing has the detail "wandb pending". ``wait``: wait for a run in
-    progress elsewhere (not after Ctrl-C)."""
+    """("done" | "skipped" | "failed" | "missing" | "queued", detail) of one planned run after the command ran;
+    a done or skipped run whose W&B log is still missing (read after any wait) has the detail "wandb pending".
+    ``wait``: wait for a run in progress elsewhere (not after Ctrl-C). A run of a SLURM sweep whose job is
+    still queued or running is "queued"; one whose job ended without a record says how (sacct's state and
+    the job's one-line reason)."""
+    from jensenkv.run.slurm_launcher import ACTIVE_STATES, sweep_jobs
     from jensenkv.store.files import ResultsWriteError, read_json
     from jensenkv.store.record import CorruptRecordError
     from jensenkv.store.results import ResultsStore
 
     store = ResultsStore(run.results_dir)
-    wandb_pending = run.wandb and not store.wandb_marker_path(run.run_id).exists()
+    job = sweep_jobs().get(run.run_id)
+
+    def wandb_pending() -> bool:  # read only once the run is over: a log still being written is not a failure
+        return run.wandb and not store.wandb_marker_path(run.run_id).exists()
+
     try:
         if run.finished_before:
-            return "skipped", "wandb pending" if wandb_pending else "already finished"
+            return "skipped", "wandb pending" if wandb_pending() else "already finished"
         lock = store.run_lock(run.run_id)
+        if not wait and job is not None and job.state in ACTIVE_STATES and not store.has_record(run.run_id):
+            return "queued", _queued(job.job_id)
         if not store.has_record(run.run_id) and lock.is_held_elsewhere():
             if not wait:
                 return "missing", f"in progress elsewhere: {lock.describe_holder()}"
@@ -117,7 +126,14 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
                   file=sys.stderr, flush=True)
             lock.wait_released()
         if store.has_record(run.run_id):
-            return "done", "wandb pending" if wandb_pending else ""
+            if wandb_pending():
+                return "done", "wandb pending"
+            if job is not None and job.state in ACTIVE_STATES:  # requeued (node lost) after its orphan finished
+                return "done", (f"SLURM job {job.job_id} is {job.state} again, requeued after the record was "
+                                "written: it will find the record and do nothing")
+            if job is not None and job.state not in ("COMPLETED", "UNKNOWN"):  # e.g. cancelled after its record
+                return "done", f"SLURM job {job.job_id} ended {job.state} after the record was written"
+            return "done", ""
         damage = store.damage(run.run_id)
         if damage is not None:
             return "failed", str(damage)
@@ -129,7 +145,17 @@ def outcome(run: PlannedRun, started_at: float, wait: bool = True) -> tuple[str,
             return "failed", read_json(error).get("message", "")
         except (OSError, ValueError):
             return "failed", f"see {error}"
+    if job is not None and job.state in ACTIVE_STATES:
+        return "queued", _queued(job.job_id)
+    if job is not None:
+        reason = f": {job.reason}" if job.reason else ""
+        return "missing", (f"no record: SLURM job {job.job_id} ended {job.state}{reason}; rerun the command to "
+                           "finish it")
     return "missing", "no record: not run, interrupted, or its process was killed; rerun the command to finish it"
+
+
+def _queued(job_id: str) -> str:
+    return f"SLURM job {job_id} still queued or running: it finishes the run; the rerun then finds its record"
 
 
 def _wandb_note(results: dict, status: str) -> str:
@@ -144,23 +170,25 @@ def summarize(runs: list[PlannedRun], started_at: float, wait: bool = True) -> t
 
 
 def summary_status(runs: list[PlannedRun], started_at: float, wait: bool = True) -> tuple[str, int]:
-    """(the summary text, its exit status: DONE, PARTIAL when runs are missing, FAILED when any failed)."""
+    """(the summary text, its exit status: DONE, PARTIAL when runs are missing or queued, FAILED when any
+    failed)."""
     results = {run.run_id: outcome(run, started_at, wait) for run in runs}
     counts = {k: sum(1 for status, _ in results.values() if status == k) for k in ("done", "skipped", "failed",
-                                                                                  "missing")}
+                                                                                  "missing", "queued")}
     done_note, skipped_note = _wandb_note(results, "done"), _wandb_note(results, "skipped")
     resumed = [run for run in runs if run.videos_kept]
     lines = [f"summary: {len(runs)} run(s): {counts['done']} done{f' ({done_note})' if done_note else ''}, "
              f"{counts['skipped']} skipped (already finished{f'; {skipped_note}' if skipped_note else ''}), "
              f"{counts['failed']} failed, {counts['missing']} missing"
+             + (f", queued: {counts['queued']}" if counts["queued"] else "")
              + (f"; resumed {len(resumed)} run{'s' if len(resumed) > 1 else ''} with finished videos "
                 f"({sum(r.videos_kept for r in resumed)} of {sum(r.videos for r in resumed)} videos kept)"
                 if resumed else "")]
     for run in runs:
         status, detail = results[run.run_id]
-        if status in ("failed", "missing"):
+        if status in ("failed", "missing", "queued") or (status == "done" and detail.startswith("SLURM")):
             lines.append(f"  {status}: run {run.run_id} ({run.label}): {detail}")
-    status = FAILED if counts["failed"] else PARTIAL if counts["missing"] else DONE
+    status = FAILED if counts["failed"] else PARTIAL if counts["missing"] or counts["queued"] else DONE
     return "\n".join(lines), status
 
 

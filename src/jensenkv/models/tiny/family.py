@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from jensenkv.checks import fail
-from jensenkv.models.family import Geometry, ModelFamily, file_digest
+from jensenkv.models.family import Geometry, ModelFamily, NodeResources, file_digest
 from jensenkv.models.wan.family import transformer_geometry
 from jensenkv.models.tiny.paths import CONFIG_FILE, WEIGHTS_DIR, WEIGHTS_FILE
 
@@ -39,6 +40,11 @@ class TinyFamily(ModelFamily):
     # 1.69 at 8, 1.78 at 16, 1.76 at 32 (the linear layers reach ~96 GFLOP/s per core by 16)
     cpu_batch_size = 16
     metric_limits = {}  # its videos follow the prompt grammar content recovery reads
+    host_base_gb = 1.5  # python, torch, the model and the run's metrics, before its videos
+
+    def resources(self, model: Any, video: int) -> NodeResources:
+        """A CPU model: no GPU, its one thread, and its CPU batch of videos above the process's base."""
+        return NodeResources(0, self.threads, math.ceil(self.host_base_gb + self.cpu_batch_size * video / 2**30))
 
     @staticmethod
     def folder(model: Any) -> Path:
