@@ -59,7 +59,7 @@ def test_builtin_capabilities_answer_the_side_questions():
 
 
 @pytest.fixture
-def registered(monkeypatch):
+def registered():
     """register_backend on a scratch registry entry "probe_kernel" that records what reaches the kernel."""
     from jensenkv.attention.registry import Capabilities, register_backend
 
@@ -71,7 +71,7 @@ def registered(monkeypatch):
 
     entry = register_backend("probe_kernel", Capabilities(second_order=False, causal=False))(kernel)
     yield entry, seen
-    monkeypatch.delitem(ATTENTION_BACKENDS, "probe_kernel")
+    del ATTENTION_BACKENDS["probe_kernel"]  # not monkeypatch.delitem: its undo would put the entry back
 
 
 def test_a_registered_kernel_gets_checked_calls_only(registered):
@@ -117,3 +117,12 @@ def test_another_name_for_a_registered_entry_keeps_its_capabilities(monkeypatch)
     monkeypatch.setitem(ATTENTION_BACKENDS, "fused", triton_cached_attention)
     assert ATTENTION_BACKENDS.capabilities("fused") == ATTENTION_BACKENDS.capabilities("triton")
     assert get_backend("fused") is triton_cached_attention
+
+
+def test_the_scratch_registration_lives_for_its_test(registered):
+    """The fixture's registration lives as long as the test: later tests see the built-ins only."""
+    assert "probe_kernel" in ATTENTION_BACKENDS
+
+
+def test_nothing_is_left_registered_by_the_tests_above():
+    assert "probe_kernel" not in ATTENTION_BACKENDS
