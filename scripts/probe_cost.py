@@ -19,12 +19,12 @@ import torch
 def _time_video(adapter, probes: bool, correction: str, seed: int) -> float:
     from jensenkv.cache import CacheConfig
     from jensenkv.generation.loop import generate_video
-    from jensenkv.models.wan import AttentionSettings
+    from jensenkv.attention.config import AttentionConfig
     from jensenkv.quant import QuantConfig
 
     int2 = QuantConfig(method="rtn", bits=2, granularity="token_group", group_size=32)
     adapter.configure(cache=CacheConfig(key=int2, value=int2, keep_reference=probes),
-                      attention=AttentionSettings(correction=correction, probes=probes))
+                      attention=AttentionConfig(correction=correction, probes=probes))
     cuda = adapter.device.type == "cuda"
     clock = time.perf_counter if cuda else time.process_time
     if cuda:

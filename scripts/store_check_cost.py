@@ -15,7 +15,6 @@ digests kept by their stat. To compare with the code before the checks, run it f
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time

@@ -16,7 +16,7 @@ from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.generation.loop import generate_videos
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant import QuantConfig
 from batch_testkit import batch_errors, within_tolerance
 
@@ -69,7 +69,7 @@ def test_a_batch_makes_each_video_as_alone(name, cls, tiny_wan_adapter):
     cache, attention, generation = CASES[name]
     cfg = GenerationConfig(**{**GEN.__dict__, **generation})
     model = {"attention_head_dim": 16} if cache.key.rotation == "hadamard" else {}  # a power-of-two head dim
-    adapter = tiny_wan_adapter(cls, cache, AttentionSettings(**attention, **PROBES), cfg, **model)
+    adapter = tiny_wan_adapter(cls, cache, AttentionConfig(**attention, **PROBES), cfg, **model)
     errors = batch_errors(adapter, PROMPTS, SEEDS, cfg)
     assert within_tolerance(errors), errors
 
@@ -78,7 +78,7 @@ def test_a_batch_makes_each_video_as_alone(name, cls, tiny_wan_adapter):
 def test_the_fps_embedding_batches_with_cfg(videos, tiny_wan_adapter):
     """SkyReels-V2-DF checkpoints embed the fps (inject_sample_info): with CFG the forward holds two rows per
     video, and each video batched (with CFG) is the video alone, frames, latents and probes."""
-    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2(), AttentionSettings(correction="exact", **PROBES),
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2(), AttentionConfig(correction="exact", **PROBES),
                                GEN, inject_sample_info=True)
     assert GEN.use_cfg and adapter.transformer.config.inject_sample_info
     errors = batch_errors(adapter, PROMPTS[:videos], SEEDS[:videos], GEN)
@@ -92,13 +92,13 @@ def test_control_a_cache_that_mixes_the_videos_statistics_fails(tiny_wan_adapter
         return self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
 
     monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
-    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2("tensor"), AttentionSettings(), GEN)
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2("tensor"), AttentionConfig(), GEN)
     errors = batch_errors(adapter, PROMPTS, SEEDS, GEN)
     assert errors["frames"] > 1e-3 and errors["latents"] > 1e-3, errors
 
 
 def test_probes_split_by_video_and_branch(tiny_wan_adapter):
-    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2(), AttentionSettings(**PROBES), GEN)
+    adapter = tiny_wan_adapter(SkyReelsV2Transformer3DModel, int2(), AttentionConfig(**PROBES), GEN)
     results = generate_videos(adapter, PROMPTS[:2], SEEDS[:2], GEN)
     for r in results:
         assert "sample" not in r.probes[0] and {p["branch"] for p in r.probes} == {"cond", "uncond"}

@@ -15,7 +15,8 @@ from jensenkv.models.tiny.config import build_transformer, default_transformer_c
 from jensenkv.models.tiny.data import COLOURS, SHAPES
 from jensenkv.models.tiny.sampling import sample_block_causal
 from jensenkv.models.tiny.text import TextConfig, build_text
-from jensenkv.models.wan import AttentionSettings, WanChunkwiseAdapter
+from jensenkv.attention.config import AttentionConfig
+from jensenkv.models.wan import WanChunkwiseAdapter
 
 GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, guidance_scale=5.0)
 
@@ -24,7 +25,7 @@ GEN = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=3, shift=3.0, gui
 def make_adapter(tiny_wan_adapter):
     """Factory: a tiny adapter whose sampling defaults are GEN unless ``generation`` is given."""
     def make(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
-             attention: AttentionSettings | None = None, generation: GenerationConfig = GEN) -> WanChunkwiseAdapter:
+             attention: AttentionConfig | None = None, generation: GenerationConfig = GEN) -> WanChunkwiseAdapter:
         return tiny_wan_adapter(cls, cache, attention, generation)
 
     return make
@@ -37,7 +38,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("cls", [SkyReelsV2Transformer3DModel, WanTransformer3DModel], ids=lambda c: c.__name__)
 def test_same_seed_same_video_bit_for_bit(cls, make_adapter, int2_cache):
     """(d) Same seed + config -> identical video and latents on CPU; another seed -> another video."""
-    adapter = make_adapter(cls, int2_cache(), AttentionSettings(correction="taylor"))
+    adapter = make_adapter(cls, int2_cache(), AttentionConfig(correction="taylor"))
     first = generate_video(adapter, "a red square", seed=7)
     second = generate_video(adapter, "a red square", seed=7)
     assert torch.equal(first.video, second.video) and torch.equal(first.latents, second.latents)
@@ -71,7 +72,7 @@ def test_result_layout_and_timings(make_adapter):
 
 
 def test_probes_carry_their_coordinates(make_adapter, int2_cache):
-    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor", probes=True))
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionConfig(correction="taylor", probes=True))
     probes = generate_video(adapter, "a red square", seed=0).probes
     keys = {(p["layer"], p["step"], p["chunk"], p["branch"]) for p in probes}
     # chunks 1 and 2 (chunk 0 has an empty cache) x 3 steps x 2 layers x 2 CFG branches, one record each
@@ -83,7 +84,7 @@ def test_kv_range_schedule_is_honoured(make_adapter, attention_spy):
     """(f) Per-stage kv-range (MAGI-1 style): each denoising stage sees at most that many cached chunks."""
     gen = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=4, shift=2.0, kv_range=(None, 2, 1, 0),
                            commit_kv_range=1)
-    adapter = make_adapter(generation=gen, attention=AttentionSettings(backend="spy"))
+    adapter = make_adapter(generation=gen, attention=AttentionConfig(backend="spy"))
     seen: dict[tuple, int] = {}
 
     def record(q, k_cur, v_cur, segments):
@@ -142,7 +143,7 @@ def test_bfloat16_model_runs_end_to_end(make_adapter, int2_cache):
     """Real checkpoints run in bf16: the cast model (fp32-kept modules as diffusers keeps them) generates a
     finite video close to the fp32 one."""
     fp32 = generate_video(make_adapter(WanTransformer3DModel, int2_cache()), "a red square", seed=3)
-    adapter = make_adapter(WanTransformer3DModel, int2_cache(), AttentionSettings(correction="taylor"))
+    adapter = make_adapter(WanTransformer3DModel, int2_cache(), AttentionConfig(correction="taylor"))
     cast_like_diffusers(adapter.transformer, torch.bfloat16)
     bf16 = generate_video(adapter, "a red square", seed=3)
     assert bool(torch.isfinite(bf16.video).all()) and float((bf16.video - fp32.video).abs().max()) < 0.1
@@ -207,7 +208,7 @@ def staircase_reference(adapter: WanChunkwiseAdapter, prompt: str, seed: int, cf
 def test_window_size_one_is_the_sequential_loop_bit_for_bit(sampler, make_adapter, int2_cache):
     """window_size=1 (the default) is the one-chunk-at-a-time loop, down to the last bit (CFG, INT2, Taylor)."""
     cfg = GenerationConfig(**{**GEN.__dict__, "sampler": sampler, "kv_range": (None, 1, 0), "commit_kv_range": 1})
-    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"))
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionConfig(correction="taylor"))
     ours = generate_video(adapter, "a red square", seed=4, config=cfg)
     assert torch.equal(ours.latents, sequential_reference(adapter, "a red square", 4, cfg))
 
@@ -230,7 +231,7 @@ def test_staircase_is_deterministic_and_commits_each_chunk_once(cache, make_adap
     cfg = GenerationConfig(num_chunks=4, frames_per_chunk=2, steps=6, shift=3.0, guidance_scale=5.0, window_size=3,
                            sampler="x0_renoise", kv_range=(3, 2, 1))
     adapter = make_adapter(cache=None if cache == "bf16" else int2_cache(),
-                           attention=AttentionSettings(correction="taylor"), generation=cfg)
+                           attention=AttentionConfig(correction="taylor"), generation=cfg)
     first = generate_video(adapter, "a red square", seed=1)
     for branch in ("cond", "uncond"):  # every chunk quantized exactly once per layer and branch
         for layer_cache in adapter.caches(branch):
@@ -250,7 +251,7 @@ def test_staircase_kv_range_counts_in_flight_chunks_first(monkeypatch, kv_range,
     (window 4, noise2clean_kvrange [5, 4, 3, 2]): at most one cached chunk is ever in view."""
     cfg = GenerationConfig(num_chunks=6, frames_per_chunk=2, steps=4, shift=2.0, window_size=4, kv_range=kv_range)
     adapter = make_adapter(cache=int2_cache(), generation=cfg,
-                           attention=AttentionSettings(backend="spy", correction="taylor", probes=True))
+                           attention=AttentionConfig(backend="spy", correction="taylor", probes=True))
     tokens = cfg.frames_per_chunk * 8 * 8  # per chunk: frames x (16 / 2) x (16 / 2) patches
     forwards: list[list[tuple]] = []
     inner_window = adapter.denoise_window
@@ -291,7 +292,7 @@ def test_correction_acts_only_when_cached_chunks_are_in_view(make_adapter, int2_
     never quantized) is untouched by the correction; with the cache in view the correction acts. The
     earlier chunk ignores the later one (block-causal)."""
     plain = make_adapter(cache=int2_cache())
-    fixed = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"))
+    fixed = make_adapter(cache=int2_cache(), attention=AttentionConfig(correction="taylor"))
     gen = torch.Generator().manual_seed(3)
     clean = [torch.randn(1, 4, 2, 16, 16, generator=gen) for _ in range(2)]
     window = torch.randn(1, 4, 4, 16, 16, generator=gen)  # two in-flight chunks (2 and 3)
@@ -329,8 +330,8 @@ def test_window_settings_are_checked(make_adapter):
 def test_staircase_agrees_across_attention_backends(backend, make_adapter, int2_cache):
     """The window's k_cur (earlier in-flight chunks + itself) is longer than q: every backend takes it."""
     cfg = GenerationConfig(num_chunks=3, frames_per_chunk=2, steps=4, shift=2.0, window_size=2, kv_range=(2, 1))
-    fast = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor"), generation=cfg)
-    other = make_adapter(cache=int2_cache(), attention=AttentionSettings(backend=backend, correction="taylor"),
+    fast = make_adapter(cache=int2_cache(), attention=AttentionConfig(correction="taylor"), generation=cfg)
+    other = make_adapter(cache=int2_cache(), attention=AttentionConfig(backend=backend, correction="taylor"),
                          generation=cfg)
     ours, theirs = (generate_video(a, "a red square", seed=0).latents for a in (fast, other))
     assert float((ours - theirs).abs().max()) < 1e-5

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import pytest
 
 from jensenkv.run import noise_floor
 from pipeline_testkit import fast_overrides

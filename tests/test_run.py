@@ -91,7 +91,7 @@ def test_metrics_equal_a_direct_recomputation(tmp_path, weights):
     from jensenkv.eval.fidelity import video_psnr, video_ssim
     from jensenkv.generation.loop import generate_video
     from jensenkv.models import build_adapter
-    from jensenkv.models.wan import AttentionSettings
+    from jensenkv.attention.config import AttentionConfig
 
     overrides = fast_overrides(tmp_path, weights, "quant.bits=2", "correction=taylor")
     record = run_overrides(overrides)
@@ -107,7 +107,7 @@ def test_metrics_equal_a_direct_recomputation(tmp_path, weights):
     ref = u8(generate_video(adapter, prompt["prompt"], prompt["seed"]).video)
     assert torch.equal(ref, stored_ref)
     adapter.configure(cache=spec.cache_config(keep_reference=False),
-                      attention=AttentionSettings(correction="taylor", strength=1.0))
+                      attention=AttentionConfig(correction="taylor", strength=1.0))
     video = u8(generate_video(adapter, prompt["prompt"], prompt["seed"]).video)
     x, y = video.float() / 255, ref.float() / 255
     assert prompt["metrics"]["psnr"] == pytest.approx(video_psnr(x, y), rel=1e-12)

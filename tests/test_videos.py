@@ -2,7 +2,6 @@
 BF16 | quantized | corrected strips, paired by the report's selection rule, of one model."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import imageio.v2 as imageio
 import pytest

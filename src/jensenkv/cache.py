@@ -295,7 +295,6 @@ def _video_of(stored: QuantizedTensor, b: int) -> QuantizedTensor:
 
 
 # The names of the two former segment types (a cache's view, a hand-built one): both are ``Segment`` now.
-StoredSegment = CacheSegment = Segment
 
 
 def video_segment(seg: Segment, b: int) -> Segment:

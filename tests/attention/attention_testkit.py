@@ -43,7 +43,7 @@ def make_case(
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(dtype)
 
-    def segment(n_keys: int, with_steps: bool) -> CacheSegment:
+    def segment(n_keys: int, with_steps: bool) -> Segment:
         lo, hi = step_range
         step = lo + (hi - lo) * torch.rand(batch, heads, n_keys, groups, generator=gen)  # (B, H, K, G)
         steps = GroupSteps(step.to(dtype), rotation) if with_steps else None

@@ -5,7 +5,6 @@ lengths that do not fill the 16-wide tiles.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -196,7 +195,8 @@ def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> N
     from diffusers import SkyReelsV2Transformer3DModel
 
     from jensenkv.generation.config import GenerationConfig
-    from jensenkv.models.wan import AttentionSettings, WanChunkwiseAdapter
+    from jensenkv.attention.config import AttentionConfig
+    from jensenkv.models.wan import WanChunkwiseAdapter
 
     config = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 4,
               "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 1,
@@ -209,7 +209,7 @@ def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> N
                                    lambda prompts: torch.ones(len(prompts), 4, 16, device=triton_device),
                                    (4, 4, 8), GenerationConfig(frames_per_chunk=2, steps=2),
                                    CacheConfig(key=int2, value=int2),
-                                   AttentionSettings(backend=backend, correction="taylor"))
+                                   AttentionConfig(backend=backend, correction="taylor"))
         adapter.set_prompt("a red square", "")
         gen = torch.Generator().manual_seed(1)
         frames = [torch.randn(1, 4, 2, 4, 8, generator=gen).to(triton_device) for _ in range(3)]  # (1, C, F, H, W)
@@ -292,7 +292,7 @@ def test_triton_matches_the_oracle_at_the_papers_shapes_scaled_down(case: str, c
 
 def test_triton_reads_a_batch_and_one_videos_rows_in_place(triton_device: str) -> None:
     """A cache of 2 videos: the batched call matches the oracle, and video 1's rows (views of the same
-    buffers, ``StoredSegment.video``) give that video's output alone."""
+    buffers, ``Segment.video``) give that video's output alone."""
     q, k, v, segments = paper_case("magi-int2-fp8-gqa", triton_device, batch=2)
     batched = triton_cached_attention(q, k, v, segments, "taylor")
     assert relative_error(batched, oracle(q, k, v, segments, "taylor")) <= 1e-5

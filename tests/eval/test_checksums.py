@@ -7,7 +7,6 @@ import hashlib
 import sys
 import types
 
-import pytest
 
 from jensenkv.eval.checksums import MANIFEST_NAME, record, untrusted_reason
 from jensenkv.eval.vbench import DIMENSION_FILES, dimension_untrusted_reason, evaluate_vbench

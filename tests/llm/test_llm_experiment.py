@@ -14,7 +14,6 @@ import torch
 from jensenkv.llm import text as text_module
 from jensenkv.llm.text import MissingTextError, load_source, windows
 from jensenkv.llm.weights import MissingLlmWeightsError, converted_dir, load_causal_lm, locate
-from jensenkv.llm_config import compose
 from jensenkv.store.llm import DamagedLlmRunError, read_record, records, store_at
 
 REPO = Path(__file__).resolve().parents[2]

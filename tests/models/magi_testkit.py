@@ -9,7 +9,7 @@ from jensenkv.cache import CacheConfig
 from jensenkv.models.config import RunGenerationConfig
 from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.adapters import build_adapter
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant import QuantConfig
 
 MODEL = dict(kind="magi", name="magi1_tiny", preset="tiny", device="cpu", latent_height=4, latent_width=4)
@@ -27,7 +27,7 @@ def int2(group_size: int = 32) -> CacheConfig:
     return CacheConfig(key=QuantConfig(method="rtn", bits=2, group_size=group_size), value=QuantConfig(method="none"))
 
 
-def tiny_adapter(cache: CacheConfig | None = None, attention: AttentionSettings | None = None, **overrides):
+def tiny_adapter(cache: CacheConfig | None = None, attention: AttentionConfig | None = None, **overrides):
     """The tiny MAGI-1 through the registry; ``overrides`` are ModelConfig or RunGenerationConfig fields, and
     ``magi`` updates the schedule node (generation.magi)."""
     magi = MagiScheduleConfig(**{**MAGI, **overrides.pop("magi", {})})

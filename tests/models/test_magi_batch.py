@@ -20,7 +20,7 @@ import torch
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generation.loop import generate_video, generate_videos
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant import QuantConfig
 from batch_testkit import batch_errors, within_tolerance
 from magi_testkit import PROMPT, tiny_adapter
@@ -56,7 +56,7 @@ CASES = {f"{mode}-{granularity}-{correction}": (mode, granularity, correction)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_batch_makes_each_video_as_alone(name):
     mode, granularity, correction = CASES[name]
-    adapter = tiny_adapter(cache=int2(granularity), attention=AttentionSettings(correction=correction, **PROBES),
+    adapter = tiny_adapter(cache=int2(granularity), attention=AttentionConfig(correction=correction, **PROBES),
                            **(DISTILLED if mode == "distilled" else {}))
     passes = pass_spy(adapter)
     errors = batch_errors(adapter, PROMPTS, SEEDS)
@@ -80,13 +80,13 @@ def test_control_a_cache_that_mixes_the_videos_statistics_fails(monkeypatch):
         return self.key_quantizer.quantize(k), self.value_quantizer.quantize(v)
 
     monkeypatch.setattr(ChunkedKVCache, "_quantize", mixed)
-    adapter = tiny_adapter(cache=int2("tensor"), attention=AttentionSettings(correction="taylor", **PROBES))
+    adapter = tiny_adapter(cache=int2("tensor"), attention=AttentionConfig(correction="taylor", **PROBES))
     errors = batch_errors(adapter, PROMPTS, SEEDS)
     assert errors["latents"] > 1e-3 and errors["probes"] > 1e-3, errors
 
 
 def test_probes_are_one_record_per_video_marked_by_sample():
-    adapter = tiny_adapter(cache=int2("token_group"), attention=AttentionSettings(correction="taylor", **PROBES))
+    adapter = tiny_adapter(cache=int2("token_group"), attention=AttentionConfig(correction="taylor", **PROBES))
     generate_video(adapter, PROMPT, seed=0)
     alone = adapter.probes()
     assert alone and {r["sample"] for r in alone} == {0}  # batch 1: the records are unchanged but for sample 0

@@ -5,7 +5,7 @@ import torch
 
 from jensenkv.cache import ChunkedKVCache
 from jensenkv.generation.loop import generate_video
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from magi_testkit import PROMPT, full_precision, int2, tiny_adapter
 
 
@@ -36,7 +36,7 @@ def test_int2_with_correction_changes_only_cached_scores():
     """With no cached chunk visible (kv range 0 everywhere) INT2 + Taylor gives the full-precision video bit
     for bit: in-flight keys are never quantized or corrected. With cached chunks visible, it differs."""
     blind = {"kv_range": [0, 0], "window_size": 1}
-    attention = AttentionSettings(correction="taylor")
+    attention = AttentionConfig(correction="taylor")
     fp = generate_video(tiny_adapter(**blind), PROMPT, seed=1).latents
     q = generate_video(tiny_adapter(cache=int2(), attention=attention, **blind), PROMPT, seed=1).latents
     assert torch.equal(fp, q)

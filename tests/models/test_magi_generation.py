@@ -9,12 +9,12 @@ from jensenkv.generation.loop import generate_video
 from jensenkv.models.magi.config import magi_times
 from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.magi.model import apply_rope
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from magi_testkit import PROMPT, int2, tiny_adapter
 
 
 def test_generation_with_probes_int2():
-    adapter = tiny_adapter(cache=int2(), attention=AttentionSettings(correction="taylor", probes=True))
+    adapter = tiny_adapter(cache=int2(), attention=AttentionConfig(correction="taylor", probes=True))
     result = generate_video(adapter, PROMPT, seed=0)
     g = adapter.generation
     assert result.video.shape[0] == g.num_chunks * g.frames_per_chunk  # tiny decoder: 1 frame per latent frame
@@ -27,7 +27,7 @@ def test_generation_with_probes_int2():
     assert any(abs(p["delta_p_s"]) > 0 for p in probes) and any(p["bias_mean"] > 0 for p in probes)
 
     # The first probed call sees the same inputs in a full-precision run: its BF16-reference mass is that run's mass.
-    ref = tiny_adapter(attention=AttentionSettings(probes=True))
+    ref = tiny_adapter(attention=AttentionConfig(probes=True))
     ref_probes = generate_video(ref, PROMPT, seed=0).probes
     assert ref_probes[0]["p_s"] == pytest.approx(probes[0]["p_s_ref"], rel=1e-6)
     assert all(p["delta_p_s"] == 0 for p in ref_probes)

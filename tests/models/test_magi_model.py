@@ -9,7 +9,7 @@ import torch
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.models.magi.attention import MagiLayerCaches, WindowAttention, WindowChunk
 from jensenkv.models.magi.build import build_tiny
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant import QuantConfig
 
 
@@ -19,7 +19,7 @@ def test_query_head_h_reads_kv_head_h_over_groups():
     torch.manual_seed(0)
     heads, kv_heads, d, t = 4, 2, 8, 3
     fp = QuantConfig(method="none")
-    caches = MagiLayerCaches(1, d, heads // kv_heads, CacheConfig(key=fp, value=fp), AttentionSettings())
+    caches = MagiLayerCaches(1, d, heads // kv_heads, CacheConfig(key=fp, value=fp), AttentionConfig())
     cached_k, cached_v = torch.randn(1, kv_heads, t, d), torch.randn(1, kv_heads, t, d)
     caches.caches[0].commit(cached_k, cached_v)
     q = torch.randn(1, heads, 2 * t, d)

@@ -7,9 +7,9 @@ import torch
 
 from jensenkv.attention import backends
 from jensenkv.attention.triton_kernel import triton_cached_attention
-from jensenkv.cache import CacheConfig, StoredSegment
+from jensenkv.cache import CacheConfig, Segment
 from jensenkv.generation.loop import generate_video
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant import QuantConfig
 from magi_testkit import PROMPT, tiny_adapter
 
@@ -28,7 +28,7 @@ def int2_kv() -> CacheConfig:
 
 
 def latents(backend: str, correction: str) -> tuple[torch.Tensor, object]:
-    adapter = tiny_adapter(cache=int2_kv(), attention=AttentionSettings(backend=backend, correction=correction),
+    adapter = tiny_adapter(cache=int2_kv(), attention=AttentionConfig(backend=backend, correction=correction),
                            num_chunks=4, steps=2, kv_range=None)  # every cached chunk visible
     return generate_video(adapter, PROMPT, seed=3).latents, adapter
 
@@ -48,7 +48,7 @@ def check_matches_reference(correction: str, monkeypatch) -> None:
     # the kernel got query heads against KV heads as stored: the cache's own views, never an expanded copy
     with_cache = [s for s in seen if s[2]]
     assert with_cache and all(h_q == cfg.num_heads and h_kv == cfg.num_kv_heads for h_q, h_kv, _, _ in seen)
-    assert all(kinds == [StoredSegment] * len(kinds) and set(heads) == {cfg.num_kv_heads}
+    assert all(kinds == [Segment] * len(kinds) and set(heads) == {cfg.num_kv_heads}
                for _, _, kinds, heads in with_cache)
     assert any(len(kinds) >= 2 for _, _, kinds, _ in with_cache)  # the sink and a quantized chunk together
     err = ((actual - expected).norm() / expected.norm()).item()

@@ -8,7 +8,7 @@ from conftest import WAN_FRAME
 from jensenkv.attention import ATTENTION_BACKENDS, cached_attention, reference_attention
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.generation.loop import generate_video
-from jensenkv.models.wan import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from magi_testkit import PROMPT, int2, tiny_adapter
 
 
@@ -28,7 +28,7 @@ def recording(monkeypatch):
     return calls
 
 
-def _wan_outputs(tiny_wan_adapter, int2_cache, attention: AttentionSettings) -> tuple[list[torch.Tensor], list]:
+def _wan_outputs(tiny_wan_adapter, int2_cache, attention: AttentionConfig) -> tuple[list[torch.Tensor], list]:
     adapter = tiny_wan_adapter(cache=int2_cache(), attention=attention,
                                generation=GenerationConfig(frames_per_chunk=2, steps=2))
     adapter.set_prompt("a red square", "")
@@ -43,13 +43,13 @@ def _wan_outputs(tiny_wan_adapter, int2_cache, attention: AttentionSettings) -> 
 
 def test_wan_processor_passes_second_order_to_kernel_and_probes(tiny_wan_adapter, int2_cache, recording):
     first, first_probes = _wan_outputs(tiny_wan_adapter, int2_cache,
-                                       AttentionSettings(backend="rec_cached", correction="taylor", probes=True))
+                                       AttentionConfig(backend="rec_cached", correction="taylor", probes=True))
     assert recording and all(call["second_order"] is False for call in recording)
     recording.clear()
-    second, probes = _wan_outputs(tiny_wan_adapter, int2_cache, AttentionSettings(
+    second, probes = _wan_outputs(tiny_wan_adapter, int2_cache, AttentionConfig(
         backend="rec_cached", correction="taylor", second_order=True, probes=True))
     assert recording and all(call["second_order"] is True for call in recording)
-    oracle, _ = _wan_outputs(tiny_wan_adapter, int2_cache, AttentionSettings(
+    oracle, _ = _wan_outputs(tiny_wan_adapter, int2_cache, AttentionConfig(
         backend="rec_reference", correction="taylor", second_order=True))
     assert torch.equal(second[0], first[0])  # nothing cached yet: nothing to correct
     for fast, slow, plain in zip(second[1:], oracle[1:], first[1:]):
@@ -63,7 +63,7 @@ def test_wan_processor_passes_second_order_to_kernel_and_probes(tiny_wan_adapter
 def test_magi_attention_passes_second_order_to_kernel_and_probes(recording):
     runs = {}
     for second_order in (False, True):
-        adapter = tiny_adapter(cache=int2(), attention=AttentionSettings(
+        adapter = tiny_adapter(cache=int2(), attention=AttentionConfig(
             backend="rec_cached", correction="taylor", second_order=second_order, probes=True))
         runs[second_order] = generate_video(adapter, PROMPT, seed=0)
         cached_calls = [call for call in recording if call["segments"]]

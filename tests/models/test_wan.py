@@ -14,9 +14,9 @@ from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2Attn
 from conftest import WAN_FRAME as FRAME, WAN_TEST_CONFIG as TEST_CONFIG, encode_prompt
 from jensenkv.cache import CacheConfig
 from jensenkv.generation.config import GenerationConfig
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.models.wan import (
     ROPE_HOOK_NAME,
-    AttentionSettings,
     CachedSelfAttnProcessor,
     WanChunkwiseAdapter,
     RopeFrameOffsetHook,
@@ -33,7 +33,7 @@ CLASSES = [SkyReelsV2Transformer3DModel, WanTransformer3DModel]
 def make_adapter(tiny_wan_adapter):
     """Factory: a tiny adapter (2 frames per chunk, 2 steps) with the prompt "a red square" set."""
     def make(cls=SkyReelsV2Transformer3DModel, cache: CacheConfig | None = None,
-             attention: AttentionSettings | None = None, seed: int = 0) -> WanChunkwiseAdapter:
+             attention: AttentionConfig | None = None, seed: int = 0) -> WanChunkwiseAdapter:
         adapter = tiny_wan_adapter(cls, cache, attention, GenerationConfig(frames_per_chunk=FPC, steps=2), seed)
         adapter.set_prompt("a red square", "")
         return adapter
@@ -143,7 +143,7 @@ def test_int2_cache_moves_the_output(cls, make_adapter, int2_cache):
 def test_correction_touches_cached_scores_only(correction, make_adapter, int2_cache):
     """(c) Correction changes nothing without cached keys in view, and something with them."""
     plain = make_adapter(cache=int2_cache())
-    fixed = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction=correction))
+    fixed = make_adapter(cache=int2_cache(), attention=AttentionConfig(correction=correction))
     out_plain, out_fixed = run_chunks(plain), run_chunks(fixed)
     assert torch.equal(out_plain[0], out_fixed[0])  # first chunk: empty cache
     assert all(rel_err(f, p) > 1e-5 for f, p in zip(out_fixed[1:], out_plain[1:]))
@@ -153,7 +153,7 @@ def test_correction_touches_cached_scores_only(correction, make_adapter, int2_ca
     b = fixed.denoise(noisy, 0.5, 3, kv_range=0)
     assert torch.equal(a, b)
     # Strength 0 is the uncorrected path.
-    fixed.configure(attention=AttentionSettings(correction=correction, strength=0.0))
+    fixed.configure(attention=AttentionConfig(correction=correction, strength=0.0))
     assert torch.allclose(run_chunks(fixed)[2], out_plain[2], atol=1e-5)
 
 
@@ -185,7 +185,7 @@ def test_cfg_branches_have_separate_caches(make_adapter):
 
 
 def test_probes_recorded_per_layer_and_step(make_adapter, int2_cache):
-    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor", probes=True))
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionConfig(correction="taylor", probes=True))
     clean, noisy = chunks(2, 1), chunks(2, 2)
     for c in range(2):
         for step in range(2):
@@ -196,17 +196,17 @@ def test_probes_recorded_per_layer_and_step(make_adapter, int2_cache):
     assert [(p["layer"], p["step"], p["chunk"], p["branch"]) for p in probes] == [
         (0, 0, 1, "cond"), (1, 0, 1, "cond"), (0, 1, 1, "cond"), (1, 1, 1, "cond")]
     assert all(0.0 < p["p_s"] < 1.0 and abs(p["p_s"] + p["p_r"] - 1) < 1e-6 for p in probes)
-    adapter.configure(attention=AttentionSettings(probes=True, probe_layers=(1,)))
+    adapter.configure(attention=AttentionConfig(probes=True, probe_layers=(1,)))
     run_chunks(adapter, n=2)
     assert {p["layer"] for p in adapter.probes()} == {1}
-    adapter.configure(attention=AttentionSettings(probes=True, probe_layers=[0], probe_steps=[1]))
+    adapter.configure(attention=AttentionConfig(probes=True, probe_layers=[0], probe_steps=[1]))
     for c in range(2):
         for step in range(2):
             adapter.denoise(noisy[c], 0.8 - 0.3 * step, c, "cond", step=step)
         adapter.commit(clean[c], c, "cond")
     assert [(p["layer"], p["step"]) for p in adapter.probes()] == [(0, 1)]
     assert "em_slope" not in adapter.probes()[0]
-    adapter.configure(attention=AttentionSettings(probes=True, diagnostics=True))
+    adapter.configure(attention=AttentionConfig(probes=True, diagnostics=True))
     for c in range(2):
         adapter.denoise(noisy[c], 0.8, c, "cond", step=0)
         adapter.commit(clean[c], c, "cond")
@@ -221,9 +221,9 @@ def test_commits_must_come_in_order_and_settings_are_checked(make_adapter):
     with pytest.raises(ValueError, match="chunk_index=1"):
         adapter.commit(chunks(1, 0)[0], 1, "cond")
     with pytest.raises(ValueError, match="backend"):
-        make_adapter(attention=AttentionSettings(backend="no_such_kernel"))
+        make_adapter(attention=AttentionConfig(backend="no_such_kernel"))
     with pytest.raises(ValueError, match="correction"):
-        make_adapter(attention=AttentionSettings(correction="linear"))
+        make_adapter(attention=AttentionConfig(correction="linear"))
     with pytest.raises(ValueError, match="group_size|head_dim"):
         make_adapter(cache=CacheConfig(key=QuantConfig(bits=2, group_size=32), value=QuantConfig(method="none")))
 
@@ -232,8 +232,8 @@ def test_commits_must_come_in_order_and_settings_are_checked(make_adapter):
 @pytest.mark.parametrize("backend", ["reference", "flex"])
 def test_attention_backends_agree(backend, make_adapter, int2_cache):
     """The config switch reaches the suite's other attention paths (flex runs eagerly on CPU)."""
-    fast = run_chunks(make_adapter(cache=int2_cache(), attention=AttentionSettings(correction="taylor")))
-    other = run_chunks(make_adapter(cache=int2_cache(), attention=AttentionSettings(backend=backend,
+    fast = run_chunks(make_adapter(cache=int2_cache(), attention=AttentionConfig(correction="taylor")))
+    other = run_chunks(make_adapter(cache=int2_cache(), attention=AttentionConfig(backend=backend,
                                                                                      correction="taylor")))
     assert all(rel_err(f, r) < 1e-4 for f, r in zip(fast, other))
 
@@ -252,7 +252,7 @@ def test_a_limit_above_the_visible_count_shows_every_cached_chunk(visible, limit
 def test_denoise_with_a_limit_above_the_cache_equals_no_limit(cached, limit, make_adapter, int2_cache,
                                                               attention_spy):
     """2 or 3 cached chunks and kv_range 3..5: every cached chunk is in view, as with no limit at all."""
-    adapter = make_adapter(cache=int2_cache(), attention=AttentionSettings(backend="spy"))
+    adapter = make_adapter(cache=int2_cache(), attention=AttentionConfig(backend="spy"))
     run_chunks(adapter, n=cached)
     noisy = chunks(1, 7)[0]
     attention_spy.calls.clear()

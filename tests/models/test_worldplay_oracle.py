@@ -8,7 +8,7 @@ import pytest
 import torch
 import worldplay_model_kit as kit
 
-from jensenkv.cache import CacheSegment
+from jensenkv.cache import Segment
 from jensenkv.models.worldplay.cache import WorldPlayCaches
 from jensenkv.quant import QuantConfig, make_quantizer
 from jensenkv.quant.steps import GroupSteps
@@ -102,8 +102,8 @@ class MergedCameraCache(WorldPlayCaches):
         stored = quantizer.quantize(torch.cat([k, k_prope], -1).float())  # (B, H, S, 2D)
         both, step = stored.dequantize(), stored.group_steps().step  # step (B, H, S, 1): shared by both halves
         d = self.head_dim
-        self.merged[layer].append({"rope": CacheSegment(both[..., :d], v.float(), GroupSteps(step)),
-                                   "prope": CacheSegment(both[..., d:], v_prope.float(), GroupSteps(step))})
+        self.merged[layer].append({"rope": Segment(both[..., :d], v.float(), GroupSteps(step)),
+                                   "prope": Segment(both[..., d:], v_prope.float(), GroupSteps(step))})
 
     def segments(self, layer, stream):
         return [group[stream] for group in self.merged[layer]]

@@ -8,7 +8,7 @@ capabilities (``attention.registry``); ATTENTION_BACKENDS / get_backend choose a
 from __future__ import annotations
 
 from jensenkv.attention.backends import ATTENTION_BACKENDS, get_backend  # first: registers the kernels in order
-from jensenkv.attention._inputs import CORRECTIONS, SegmentLike
+from jensenkv.attention._inputs import CORRECTIONS
 from jensenkv.attention.cpu import cached_attention
 from jensenkv.attention.flex import flex_cached_attention
 from jensenkv.attention.probes import PROBE_KEYS, attention_probes, jensen_shannon
@@ -23,7 +23,7 @@ __all__ = [
     "Capabilities",
     "PROBE_KEYS",
     "Segment",
-    "SegmentLike",
+    "Segment",
     "attention_probes",
     "cached_attention",
     "flex_cached_attention",

@@ -10,7 +10,6 @@ from jensenkv.cache import GivenTensor, Segment
 from jensenkv.correction import CORRECTIONS, validate_group_steps  # noqa: F401 - re-exported
 
 
-SegmentLike = Segment  # what every attention path reads from a cached chunk (the former protocol's name)
 
 
 # Elements of one (B, H, tile, K_total) score matrix of a full-row path (probes, second-order attention); a

@@ -372,7 +372,7 @@ def generation(ctx: CheckContext) -> None:
     )
     from jensenkv.generation.config import GenerationConfig
     from jensenkv.generation.loop import generate_video
-    from jensenkv.models.wan import AttentionSettings
+    from jensenkv.attention.config import AttentionConfig
 
     config, frame = (TOY_SKYREELS, TOY_SKYREELS_FRAME) if ctx.dry_run else (SKYREELS_V2_1_3B, SKYREELS_V2_FRAME)
     # diffusers 0.42.1 cannot add the fps embedding (inject_sample_info) to per-frame timesteps of a batch of more
@@ -383,9 +383,9 @@ def generation(ctx: CheckContext) -> None:
                                       frames_per_chunk=2 if ctx.dry_run else SKYREELS_CHUNK_FRAMES, shift=8.0,
                                       guidance_scale=6.0)  # CFG: cond and uncond caches
     head_dim = config["attention_head_dim"]
-    settings = {"bf16": (preset("bf16", head_dim), AttentionSettings(backend="cached")),
+    settings = {"bf16": (preset("bf16", head_dim), AttentionConfig(backend="cached")),
                 "int2 g32 + taylor": (preset("rtn", head_dim, **INT2),
-                                      AttentionSettings(backend="triton", correction="taylor"))}
+                                      AttentionConfig(backend="triton", correction="taylor"))}
     held: dict = {}
 
     def build() -> None:

@@ -15,7 +15,8 @@ import torch
 
 from jensenkv.cache import CacheConfig
 from jensenkv.generation.config import GenerationConfig
-from jensenkv.models.wan import AttentionSettings, WanChunkwiseAdapter
+from jensenkv.attention.config import AttentionConfig
+from jensenkv.models.wan import WanChunkwiseAdapter
 
 PROMPT = "a red circle moving right on a dark background"
 # 4 layers of 2 heads x 64; a chunk is 4 latent frames of 64 x 64 with 2 x 2 patches: 4096 tokens.
@@ -51,7 +52,7 @@ def tiny_adapter(cache: CacheConfig, correction: str,
     from jensenkv.run import preset
 
     spec = preset("model=tiny", "model.device=cpu")  # the model and sampler of Table 1's runs
-    adapter = build_adapter(spec.model, cache=cache, attention=AttentionSettings(correction=correction),
+    adapter = build_adapter(spec.model, cache=cache, attention=AttentionConfig(correction=correction),
                             generation=spec.generation)
     generation = spec.generation
     if quick:
@@ -74,7 +75,7 @@ def long_context_adapter(cache: CacheConfig, correction: str, quick: bool = Fals
         gen = torch.Generator().manual_seed(len(prompts[0]))
         return torch.randn(len(prompts), 8, text_dim, generator=gen)
 
-    adapter = WanChunkwiseAdapter(model, encode, frame, generation, cache, AttentionSettings(correction=correction))
+    adapter = WanChunkwiseAdapter(model, encode, frame, generation, cache, AttentionConfig(correction=correction))
     return adapter, generation
 
 
@@ -84,7 +85,7 @@ def describe(generation: GenerationConfig, frame: tuple[int, int, int], patch: t
 
 
 def random_skyreels_adapter(config: dict, frame: tuple[int, int, int], generation: GenerationConfig,
-                            cache: CacheConfig, attention: AttentionSettings, device: str = "cpu",
+                            cache: CacheConfig, attention: AttentionConfig, device: str = "cpu",
                             dtype: torch.dtype = torch.float32, seed: int = 0) -> WanChunkwiseAdapter:
     """A SkyReels-V2 transformer of ``config`` with random weights (made on ``device``: a real-size one is
     initialised on the GPU in seconds), its prompt embeddings fixed random (1, 512, text_dim) tensors."""

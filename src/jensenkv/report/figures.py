@@ -18,7 +18,6 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from jensenkv.checks import fail
 from jensenkv.eval.attention import mass_by_layer_step
 from jensenkv.report.diagnostics import plot_diagnostics, uncorrected_diagnostics
 from jensenkv.report.model_choice import choose_model

@@ -12,7 +12,6 @@ scored against (``refs/<reference_id>.pt``). Each panel is enlarged by an intege
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 from dataclasses import dataclass

@@ -27,7 +27,6 @@ import signal
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from jensenkv.exit_codes import EPILOG, guarded
 from jensenkv.hashing import config_hash
@@ -258,10 +257,6 @@ def describe(summary: dict) -> str:
     runs = len(summary["runs"])
     return (f"summary: {runs} run(s): {len(summary['done'])} done, {len(summary['skipped'])} already finished, "
             f"{len(summary['held_elsewhere'])} running elsewhere")
-
-
-
-    return json.dumps(obj, indent=1, default=str)
 
 
 # --- the command line ----------------------------------------------------------------------------------------

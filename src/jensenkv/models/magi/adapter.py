@@ -35,7 +35,7 @@ from jensenkv.models.magi.attention import MagiLayerCaches, WindowAttention, Win
 from jensenkv.models.magi.config import magi_noise_levels
 from jensenkv.models.magi.model import Caption, MagiDiT, range_attention
 from jensenkv.models.magi.schedule import MagiScheduleConfig
-from jensenkv.models.wan.state import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 
 # encode_prompt(prompt, num_chunks) -> one (L_j, caption_channels) tensor of valid caption tokens per chunk
 PromptEncoder = Callable[[str, int], list[torch.Tensor]]
@@ -55,7 +55,7 @@ class MagiChunkwiseAdapter(ChunkwiseAdapterBase):
 
     def __init__(self, model: MagiDiT, encode_prompt: PromptEncoder, latent_frame_shape: tuple[int, int, int],
                  generation: GenerationConfig, sampling: MagiScheduleConfig, cache: CacheConfig,
-                 attention: AttentionSettings | None = None, decode: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 attention: AttentionConfig | None = None, decode: Callable[[torch.Tensor], torch.Tensor] | None = None):
         generation.validate()
         sampling.validate()
         if generation.guidance_scale != 1.0:
@@ -75,7 +75,7 @@ class MagiChunkwiseAdapter(ChunkwiseAdapterBase):
         self.decode_fn = decode
         cfg = model.config
         self.layers = MagiLayerCaches(cfg.num_layers, cfg.head_dim, cfg.groups, cache,
-                                      attention if attention is not None else AttentionSettings(),
+                                      attention if attention is not None else AttentionConfig(),
                                       heads=cfg.num_heads, device=model.x_embedder.weight.device)
         self._captions: list[list[torch.Tensor]] | None = None  # per video, per chunk: (L_j, caption_channels)
         self._pending: _Pending | None = None
@@ -94,7 +94,7 @@ class MagiChunkwiseAdapter(ChunkwiseAdapterBase):
         """(steps + 1,) generator noise levels 1 -> 0: 1 - MAGI's time schedule (linspace^2, SD3 shift)."""
         return magi_noise_levels(config.steps, config.shift, self.sampling.t_schedule)
 
-    def configure(self, cache: CacheConfig | None = None, attention: AttentionSettings | None = None) -> None:
+    def configure(self, cache: CacheConfig | None = None, attention: AttentionConfig | None = None) -> None:
         """Swap the cache and/or attention settings; clears the caches (the model stays loaded)."""
         self.layers.configure(cache if cache is not None else self.layers.cache_config,
                               attention if attention is not None else self.layers.attention)

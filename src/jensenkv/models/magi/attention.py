@@ -22,7 +22,8 @@ from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment, expand_segment
 from jensenkv.attention.config import layer_strengths
 from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.attention.backends import get_backend, reads_kv_heads
-from jensenkv.models.wan import AttentionSettings, limit_kv_range, window_context
+from jensenkv.attention.config import AttentionConfig
+from jensenkv.models.wan import limit_kv_range, window_context
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class MagiLayerCaches:
     passes share one cache)."""
 
     def __init__(self, num_layers: int, head_dim: int, groups: int, cache_config: CacheConfig,
-                 attention: AttentionSettings, heads: int | None = None, device: torch.device | str = "cpu"):
+                 attention: AttentionConfig, heads: int | None = None, device: torch.device | str = "cpu"):
         self.num_layers = num_layers
         self.head_dim = head_dim
         self.groups = groups
@@ -48,7 +49,7 @@ class MagiLayerCaches:
         self.device = device  # where the per-head strengths live: the model's
         self.configure(cache_config, attention)
 
-    def configure(self, cache_config: CacheConfig, attention: AttentionSettings) -> None:
+    def configure(self, cache_config: CacheConfig, attention: AttentionConfig) -> None:
         attention.validate()
         cache_config.key.validate(self.head_dim)
         cache_config.value.validate(self.head_dim)

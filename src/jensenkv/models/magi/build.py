@@ -21,7 +21,7 @@ from jensenkv.models.magi.model import MagiDiT
 from jensenkv.models.magi.text import TinyPromptEncoder
 from jensenkv.models.magi.vae import MagiVaeDecoder, Tiling, ViTDecoder, ViTDecoderConfig
 from jensenkv.models.loaders import FETCH_HINT, MissingWeightsError
-from jensenkv.models.wan.state import AttentionSettings
+from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant.config import FLOAT_DTYPES
 
 TINY_DECODER = ViTDecoderConfig(video_size=16, video_length=2, patch_size=2, patch_length=1, z_chans=4, embed_dim=32,
@@ -83,7 +83,7 @@ def load_vae_decoder(folder: Path, dtype: torch.dtype, device: torch.device, lat
     return MagiVaeDecoder(decoder.to(device, dtype), latent_scale, tiling, chunk_frames)
 
 
-def load_magi_adapter(cfg: Any, cache: CacheConfig, attention: AttentionSettings,
+def load_magi_adapter(cfg: Any, cache: CacheConfig, attention: AttentionConfig,
                       generation: GenerationConfig) -> MagiChunkwiseAdapter:
     """The MAGI-1 adapter of a ``kind: magi`` model node; the schedule is ``generation`` (its ``magi`` node:
     refresh pass, guidance, time schedule). See configs/model/magi1_*.yaml."""
@@ -104,7 +104,7 @@ def load_magi_adapter(cfg: Any, cache: CacheConfig, attention: AttentionSettings
 
 def _load_real(preset: str, cfg: Any, overrides: dict, device: torch.device, dtype: torch.dtype,
                generation: GenerationConfig, sampling: MagiScheduleConfig, cache: CacheConfig,
-               attention: AttentionSettings) -> MagiChunkwiseAdapter:
+               attention: AttentionConfig) -> MagiChunkwiseAdapter:
     from transformers import AutoTokenizer, T5EncoderModel
 
     from jensenkv.models.magi.checkpoint import load_dit, resolve_root, weights_dir

@@ -18,7 +18,7 @@ from jensenkv.models.tiny.config import (
     WEIGHTS_FILE,
     build_transformer,
 )
-from jensenkv.models.tiny.text import TextConfig, TextEncoder, WordTokenizer, build_text
+from jensenkv.models.tiny.text import TextConfig, build_text
 
 
 def split_state(state: dict) -> tuple[dict, dict]:

@@ -24,7 +24,7 @@ _EXPORTS = {
     **dict.fromkeys(("CachedSelfAttnProcessor", "apply_rotary", "block_causal_mask", "limit_kv_range",
                      "window_context"), "jensenkv.models.wan.processor"),
     **dict.fromkeys(("ROPE_HOOK_NAME", "RopeFrameOffsetHook"), "jensenkv.models.wan.rope"),
-    **dict.fromkeys(("AttentionSettings", "ChunkState", "InFlightChunk"), "jensenkv.models.wan.state"),
+    **dict.fromkeys(("ChunkState", "InFlightChunk"), "jensenkv.models.wan.state"),
 }
 __all__ = sorted(_EXPORTS)
 

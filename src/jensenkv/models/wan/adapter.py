@@ -17,7 +17,8 @@ from jensenkv.models.loaders import TRANSFORMER_CLASSES
 from jensenkv.models.wan.fps import FPS_EMBEDDING_IDS
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
 from jensenkv.models.wan.rope import ROPE_HOOK_NAME, RopeFrameOffsetHook
-from jensenkv.models.wan.state import BRANCHES, AttentionSettings, ChunkState, InFlightChunk
+from jensenkv.attention.config import AttentionConfig
+from jensenkv.models.wan.state import BRANCHES, ChunkState, InFlightChunk
 
 
 def pixel_decode(latents: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
         encode_prompt: list of prompts -> (B, L, text_dim) embeddings.
         latent_frame_shape: (C, H, W) of one latent frame.
         generation: the sampling defaults of this model (steps, shift, guidance, chunking, ...).
-        cache: the KV-cache settings (quantizers, sink / window); attention: see ``AttentionSettings``.
+        cache: the KV-cache settings (quantizers, sink / window); attention: see ``AttentionConfig``.
         decode: (1, C, F, H, W) latents -> (F, 3, H', W') video in [0, 1] (default: pixel space).
         clean_range: committed chunks are clamped to this range (pixel-space models; None for latents).
         fps: the frame rate a SkyReels-V2 ``inject_sample_info`` model is conditioned on (24 or 16; other
@@ -53,7 +54,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
 
     def __init__(self, transformer: torch.nn.Module, encode_prompt: Callable[[list[str]], torch.Tensor],
                  latent_frame_shape: tuple[int, int, int], generation: GenerationConfig, cache: CacheConfig,
-                 attention: AttentionSettings | None = None,
+                 attention: AttentionConfig | None = None,
                  decode: Callable[[torch.Tensor], torch.Tensor] = pixel_decode,
                  clean_range: tuple[float, float] | None = None, fps: int = 24):
         if not isinstance(transformer, tuple(TRANSFORMER_CLASSES.values())):
@@ -90,7 +91,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
         if h % p_h or w % p_w:
             raise ValueError(f"latent frame size {h}x{w} is not allowed: it must be divisible by the patch {p_h}x{p_w}")
         self.state = ChunkState()
-        attention = attention if attention is not None else AttentionSettings()
+        attention = attention if attention is not None else AttentionConfig()
         self.processors: list[CachedSelfAttnProcessor] = []
         procs = {}
         strengths = self._strengths(attention)
@@ -135,7 +136,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
         """Seconds spent quantizing on commit since ``reset``; None unless ``time_quantize`` is on."""
         return self.state.quantize_seconds if self.state.time_quantize else None
 
-    def configure(self, cache: CacheConfig | None = None, attention: AttentionSettings | None = None) -> None:
+    def configure(self, cache: CacheConfig | None = None, attention: AttentionConfig | None = None) -> None:
         """Change the cache and/or attention settings (clears the caches); the model stays loaded."""
         if self.processors:
             attention = attention if attention is not None else self.processors[0].attention
@@ -144,7 +145,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
             proc.configure(cache if cache is not None else proc.cache_config, attention, strengths[proc.layer_index])
         self.reset()
 
-    def _strengths(self, attention: AttentionSettings) -> list[float | torch.Tensor]:
+    def _strengths(self, attention: AttentionConfig) -> list[float | torch.Tensor]:
         """Each layer's strength (layer_strengths): the global float, or its (H,) calibrated strengths."""
         cfg = self.transformer.config
         return layer_strengths(attention, int(cfg.num_layers), int(cfg.num_attention_heads), self.device)

@@ -17,7 +17,8 @@ from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 from jensenkv.attention import get_backend
 from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment
-from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, AttentionSettings, ChunkState, InFlightChunk
+from jensenkv.attention.config import AttentionConfig
+from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, ChunkState, InFlightChunk
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -69,13 +70,13 @@ class CachedSelfAttnProcessor:
     _parallel_config = None
 
     def __init__(self, layer_index: int, state: ChunkState, cache_config: CacheConfig, head_dim: int,
-                 attention: AttentionSettings, strength: float | torch.Tensor | None = None):
+                 attention: AttentionConfig, strength: float | torch.Tensor | None = None):
         self.layer_index = layer_index
         self.state = state
         self.head_dim = head_dim
         self.configure(cache_config, attention, strength)
 
-    def configure(self, cache_config: CacheConfig, attention: AttentionSettings,
+    def configure(self, cache_config: CacheConfig, attention: AttentionConfig,
                   strength: float | torch.Tensor | None = None) -> None:
         """Swap the cache and attention settings; clears the caches. ``strength``: this layer's, from
         ``layer_strengths`` (a float, or (H,) per-head strengths on the model's device); None: the global one."""

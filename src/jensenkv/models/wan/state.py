@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jensenkv.attention.config import AttentionConfig as AttentionSettings  # noqa: F401 - the config tree's attention node
 
 PROCESSOR_MODES = ("cached", "commit", "full")
 BRANCHES = ("cond", "uncond")
