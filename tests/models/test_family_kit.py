@@ -13,9 +13,8 @@ import family_testkit as kit
 from family_testkit import CASES, FamilyCase
 
 
-def _case_params(select=lambda case: True, slow=lambda case: False):
-    return [pytest.param(case, id=name, marks=[pytest.mark.slow] if slow(case) else [])
-            for name, case in CASES.items() if select(case)]
+def _case_params(slow=lambda case: False):
+    return [pytest.param(case, id=name, marks=[pytest.mark.slow] if slow(case) else []) for name, case in CASES.items()]
 
 
 def _variant_params(variants, slow_variants=lambda case: frozenset(), defect=lambda case: None):
@@ -67,7 +66,7 @@ def test_a_batch_makes_each_video_as_alone(case, variant, kit_folder):
     kit.check_batch_equals_alone(kit.adapter_of(spec, kit.PROBES))
 
 
-def test_every_family_that_batches_has_a_batch_variant(kit_folder):
+def test_every_family_that_batches_has_a_batch_variant():
     for case in CASES.values():
         if case.files is None:  # a case reading files is checked by the batch test itself
             assert bool(case.batch_variants) == kit.family_batches(kit.spec_of(case, None)), case.name
