@@ -250,23 +250,26 @@ def check_reserve_leaves_no_slack(caches: list[Any]) -> None:
     assert not slack, f"caches holding other than what they store (held, stored): {slack}"
 
 
-def _probe_keys(records: list[dict]) -> list[tuple]:
-    return [tuple(r.get(k) for k in ("layer", "step", "chunk", "branch")) for r in records]
+PROBE_PLACE = ("layer", "step", "chunk")  # with the family's label columns: where a probe was taken
 
 
-def check_probes_split_per_video(adapter: Any, batches: bool) -> None:
-    """Each video's probe records are its own: no ``sample`` key left, no (layer, step, chunk, branch) twice, and
-    the same set for every video of a batch as for the video alone (one video at a time where the family does
-    not batch)."""
+def _probe_keys(records: list[dict], labels: frozenset[str]) -> list[tuple]:
+    return [tuple(r.get(k) for k in (*PROBE_PLACE, *sorted(labels))) for r in records]
+
+
+def check_probes_split_per_video(case: FamilyCase, adapter: Any, batches: bool) -> None:
+    """Each video's probe records are its own: no ``sample`` key left, no place (layer, step, chunk and the
+    family's labels: branch, ...) twice, and the same places for every video of a batch as for the video alone (one
+    video at a time where the family does not batch)."""
     internals = _internals()
     alone = internals.generate_video(adapter, PROMPTS[0], SEEDS[0]).probes
     videos = [r.probes for r in internals.generate_videos(adapter, list(PROMPTS[:2]), list(SEEDS[:2]))] \
         if batches else [internals.generate_video(adapter, p, s).probes for p, s in zip(PROMPTS[:2], SEEDS[:2])]
-    expected = sorted(_probe_keys(alone), key=repr)
+    expected = sorted(_probe_keys(alone, case.label_columns), key=repr)
     assert expected and len(set(expected)) == len(expected), "the video alone has no probes or a probe twice"
     for i, probes in enumerate(videos):
         assert probes and not any("sample" in r for r in probes), f"video {i}: no probes, or a `sample` key left"
-        assert sorted(_probe_keys(probes), key=repr) == expected, \
+        assert sorted(_probe_keys(probes, case.label_columns), key=repr) == expected, \
             f"video {i} holds {len(probes)} probes, the video alone {len(expected)} (or other ones)"
 
 

@@ -82,7 +82,7 @@ def test_after_a_video_every_cache_holds_exactly_what_it_stores(case, variant, k
 @pytest.mark.parametrize("case", _case_params(slow=lambda case: case.slow_probe_split))
 def test_probes_split_per_video(case, kit_folder):
     spec = kit.spec_of(case, kit_folder, *kit.INT2)
-    kit.check_probes_split_per_video(kit.adapter_of(spec), kit.family_batches(spec))
+    kit.check_probes_split_per_video(case, kit.adapter_of(spec), kit.family_batches(spec))
 
 
 # --- the CLI path --------------------------------------------------------------------------------------------
