@@ -276,7 +276,7 @@ def readme_runs(tmp_path_factory):
 
 
 def _plan_params():
-    return [pytest.param(c, id=c[len("python -m "):] if c.startswith("python -m ") else c,
+    return [pytest.param(c, id=c.removeprefix("python -m "),
                          marks=[pytest.mark.slow] if PLANS[c].slow else [])
             for c in COMMANDS if isinstance(PLANS.get(c), Runs)]
 
