@@ -51,12 +51,13 @@ def _internals() -> Any:
     """The internal modules the kit needs, imported in this one place (their paths may move)."""
     import types
 
-    from jensenkv import generate, tracking
+    from jensenkv import generate
     from jensenkv.cache import ChunkedKVCache
+    from jensenkv.report.store_frame import load_results
+    from jensenkv.store.results import ResultsStore
 
     return types.SimpleNamespace(generate_video=generate.generate_video, generate_videos=generate.generate_videos,
-                                 ChunkedKVCache=ChunkedKVCache, ResultsStore=tracking.ResultsStore,
-                                 load_results=tracking.load_results)
+                                 ChunkedKVCache=ChunkedKVCache, ResultsStore=ResultsStore, load_results=load_results)
 
 
 # --- the cases -----------------------------------------------------------------------------------------------
