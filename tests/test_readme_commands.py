@@ -1,4 +1,6 @@
-"""The README's commands, as written: every line of its ```bash blocks is checked without running anything heavy.
+"""The README's commands, as written: every line of its ```bash blocks is checked without running anything heavy,
+and every one that can run on a CPU without downloaded weights is run for real (``PLANS`` says, for each, how it
+runs here or why not: weights, a GPU, too long and what covers it).
 
 - ``make X``: X is a Makefile target.
 - ``source <venv>/bin/activate``: the venv `make setup` creates, said before the first ``python -m`` line.
@@ -13,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -170,3 +176,126 @@ def test_python_commands_pass_the_precheck_or_stop_on_missing_weights(command, n
             raise
         return
     assert "(weights" not in comment, f"`{command}` is said to need weights but passes without them"
+
+
+# --- every command, run for real where it can run here ----------------------------------------------------------
+@dataclass(frozen=True)
+class Runs:
+    """A command that runs here: as written, plus ``extra`` (one prompt, where the line allows it), in a temporary
+    results dir (JENSENKV_RESULTS); ``argv`` replaces a make line by the command its target runs (without
+    ``make setup``); ``after``: the command whose store it reads; ``done``: the runs the summary must count done."""
+
+    extra: tuple[str, ...] = ()
+    argv: tuple[str, ...] | None = None
+    after: str | None = None
+    done: int | None = None
+    slow: bool = False
+
+
+@dataclass(frozen=True)
+class NotHere:
+    """A command that does not run here, and why (needs weights, needs a GPU, too long: covered by ...)."""
+
+    why: str
+
+
+ONE_PROMPT = ("eval.num_prompts=1",)
+RUN = "python -m jensenkv.run quant.bits=2 correction=taylor"
+LLM_SMOKE = "python -m jensenkv.run.llm_prefill experiment=llm_smoke"
+PLANS: dict[str, Runs | NotHere] = {
+    "make reproduce-table1": NotHere("too long (27-50 min): covered by the run and report lines below and "
+                                     "tests/models/test_family_kit.py (run, store check, table1, claims, rerun)"),
+    "make reproduce-llm": NotHere(f"too long (about 30 min): covered by `{LLM_SMOKE}` and the report line below"),
+    "make test": NotHere("this suite itself"),
+    "source .venv/bin/activate": NotHere("a shell's activation: the runs below use this interpreter"),
+    "make notebooks": NotHere("starts JupyterLab and waits: covered by tests/test_notebooks.py"),
+    RUN: Runs(ONE_PROMPT, done=1),
+    "python -m jensenkv.run generation.window_size=2 'generation.kv_range=[4,3,2,1]'": Runs(ONE_PROMPT, done=1),
+    "python -m jensenkv.run -m quant.bits=2,4 quant.group_size=32,64,128 quant.rotation=none,hadamard "
+    "correction=none,taylor,exact": Runs(ONE_PROMPT, slow=True),
+    "python -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel": Runs(ONE_PROMPT, slow=True),
+    "python -m jensenkv.run -m experiment=table1 hydra/launcher=slurm": NotHere(
+        "needs a SLURM cluster: its jobs are those of `make reproduce-table1`, its pre-check is tested above"),
+    "python -m jensenkv.run -m experiment=table1_skyreels": NotHere("needs weights (SkyReels-V2): its family is "
+                                                                    "covered by tests/models/test_family_kit.py"),
+    "python -m jensenkv.run -m experiment=table1_magi1": NotHere("needs weights and a GPU (MAGI-1 4.5B): covered "
+                                                                 "by `python -m jensenkv.run model=magi1_tiny`"),
+    "python -m jensenkv.run model=magi1_tiny": Runs(ONE_PROMPT, done=1),
+    "python -m jensenkv.run model=worldplay_tiny quant.bits=2 correction=taylor": Runs(ONE_PROMPT, done=1),
+    "python -m jensenkv.run -m experiment=table1_worldplay": NotHere(
+        "needs weights, images and a GPU (HY-WorldPlay 8B): covered by the worldplay_tiny line"),
+    "python -m jensenkv.report.table1": Runs(after=RUN),
+    "python -m jensenkv.report.videos": Runs(after=RUN),
+    "python -m jensenkv.run.llm_prefill experiment=llm_prefill": NotHere(
+        f"too long (10 runs x 64 windows, about 30 min): covered by `{LLM_SMOKE}`"),
+    "python -m jensenkv.report.llm_prefill": Runs(after=LLM_SMOKE, slow=True),
+    LLM_SMOKE: Runs(slow=True),
+    "python -m jensenkv.run.llm_prefill llm.name=llama3_1_8b llm.dtype=bfloat16 llm.device=cuda": NotHere(
+        "needs weights and a GPU (Llama 3.1 8B): covered by the llm_smoke line (SmolLM2-135M)"),
+    "make fetch-weights": NotHere("needs the internet: covered by tests/test_fetch_weights.py"),
+    "make check-weights": Runs(argv=("python", "-m", "jensenkv.doctor")),
+    "make gpu-wheels": NotHere("needs the package registry: covered by tests/test_gpu_check.py (the wheel list)"),
+    "make gpu-check": NotHere("needs a GPU: its dry run is the next line"),
+    "make gpu-check-dry-run": NotHere("minutes of TRITON_INTERPRET: covered by tests/test_gpu_check.py "
+                                      "(test_gpu_check_full_dry_run runs every group)"),
+}
+FAILED_OR_TRACEBACK = re.compile(r"Traceback|\bfailed: unexpected error")
+SWEEP_SUMMARY = re.compile(r"summary: (\d+) run\(s\): (\d+) done, (\d+) skipped \(already finished\), (\d+) "
+                           r"failed, (\d+) missing")
+
+
+def test_every_readme_command_says_how_it_runs_here():
+    unplanned = [c for c in COMMANDS if c not in PLANS]
+    assert not unplanned, f"say in PLANS how these README commands run here, or why not: {unplanned}"
+    assert not set(PLANS) - set(COMMANDS), f"PLANS names commands the README no longer has: {set(PLANS) - set(COMMANDS)}"
+    for command, plan in PLANS.items():
+        assert isinstance(plan, Runs) or plan.why, command
+
+
+@pytest.fixture(scope="module")
+def readme_runs(tmp_path_factory):
+    """Each runnable README command run once (and what it reads first), in one temporary results dir."""
+    root = tmp_path_factory.mktemp("readme")
+    env = {**os.environ, "JENSENKV_RESULTS": str(root / "results"), "PYTHONPATH": str(ROOT / "src"),
+           "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("JENSENKV_DEBUG", None)
+    ran: dict[str, subprocess.CompletedProcess] = {}
+
+    def run(command: str) -> subprocess.CompletedProcess:
+        plan = PLANS[command]
+        if command not in ran:
+            if plan.after:
+                run(plan.after)
+            words = list(plan.argv or shlex.split(command))
+            assert words[0] == "python", command
+            ran[command] = subprocess.run([sys.executable, *words[1:], *plan.extra], cwd=root, env=env,
+                                          capture_output=True, text=True, timeout=1800)
+        return ran[command]
+
+    return run
+
+
+def _plan_params():
+    return [pytest.param(c, id=c.removeprefix("python -m "),
+                         marks=[pytest.mark.slow] if PLANS[c].slow else [])
+            for c in COMMANDS if isinstance(PLANS.get(c), Runs)]
+
+
+@pytest.mark.parametrize("command", _plan_params())
+def test_the_command_runs_here_and_nothing_fails(command, readme_runs):
+    plan = PLANS[command]
+    proc = readme_runs(command)
+    output = proc.stdout + proc.stderr
+    assert not FAILED_OR_TRACEBACK.search(output), output[-4000:]
+    module = (plan.argv or shlex.split(command))[2]
+    if module.startswith("jensenkv.report."):  # a report of a store that is not all of Table 1: done or partial
+        assert proc.returncode in (0, 1), output[-4000:]
+        return
+    assert proc.returncode == 0, output[-4000:]
+    if module == "jensenkv.run":
+        summaries = SWEEP_SUMMARY.findall(proc.stderr)
+        assert summaries, f"no summary line: {output[-3000:]}"
+        runs, done, skipped, failed, missing = map(int, summaries[-1])
+        assert failed == 0 and missing == 0 and done + skipped == runs, summaries[-1]
+        if plan.done is not None:
+            assert done == plan.done, f"`{command}` ended {summaries[-1]}, not {plan.done} done"

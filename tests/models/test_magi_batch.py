@@ -1,7 +1,8 @@
 """Every video of a MAGI-1 batch is the video it is alone: frames and latents to 1e-5 relative (max-norm), every
-probe value v to 1e-5 max(|v|, 1) (the rule of tests/test_batch_generation.py, where the floor is explained).
+probe value v to 1e-5 max(|v|, 1) (the rule of tests/batch_testkit.py, where the floor is explained). The family kit
+(tests/models/test_family_kit.py, MAGI_BATCH) runs the batches; here what is MAGI-1's own.
 
-The tiny MAGI-1 runs a batch of 3 (prompts of different caption lengths, a repeated prompt and a repeated seed)
+The kit's tiny MAGI-1 runs a batch of 3 (prompts of different caption lengths, a repeated prompt and a repeated seed)
 through the three guidance passes (cond, prefix, uncond) on the staircase with kv ranges and the clean-chunk
 refresh, and through the distilled single pass with its nearly-clean re-run; INT2 RTN per-tensor and per token
 group, correction none / taylor / exact, probes with diagnostics. A control shows that a cache mixing the
@@ -22,7 +23,7 @@ from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.generation.loop import generate_video, generate_videos
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.quant import QuantConfig
-from batch_testkit import batch_errors, within_tolerance
+from batch_testkit import batch_errors
 from magi_testkit import PROMPT, tiny_adapter
 
 PROMPTS = [PROMPT, "a cat", PROMPT]  # 6 and 2 caption tokens; videos 0 and 2 share a prompt
@@ -48,20 +49,17 @@ def pass_spy(adapter) -> list[str]:
     return names
 
 
-CASES = {f"{mode}-{granularity}-{correction}": (mode, granularity, correction)
-         for mode in ("cfg3", "distilled") for granularity in ("tensor", "token_group")
-         for correction in ("none", "taylor", "exact")}
+@pytest.mark.parametrize("mode", ["cfg3", "distilled"])
+def test_the_kits_magi_variants_run_the_passes_they_are_about(mode):
+    """The family kit batches MAGI-1 in both modes (tests/models/family_testkit.py MAGI_BATCH): each runs the
+    staircase with kv ranges and its mode's passes."""
+    import family_testkit as kit
 
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_batch_makes_each_video_as_alone(name):
-    mode, granularity, correction = CASES[name]
-    adapter = tiny_adapter(cache=int2(granularity), attention=AttentionConfig(correction=correction, **PROBES),
-                           **(DISTILLED if mode == "distilled" else {}))
+    variant = next(v for name, v in kit.MAGI_BATCH.items() if name.startswith(mode))
+    spec = kit.spec_of(kit.CASES["magi1_tiny"], None, *variant)
+    adapter = kit.adapter_of(spec, probes=None)
     passes = pass_spy(adapter)
-    errors = batch_errors(adapter, PROMPTS, SEEDS)
-    assert within_tolerance(errors), errors
-    # what the case is about was run: the staircase with kv ranges, and the mode's passes
+    generate_video(adapter, PROMPT, seed=0)
     g = adapter.generation
     assert g.window_size == 2 and g.kv_range == [2, 1] and g.commit_kv_range == 0
     assert set(passes) == ({"cond", "alone"} if mode == "distilled" else {"cond", "prefix", "uncond"})

@@ -339,7 +339,7 @@ class Table1:
     def describe(self) -> str:
         """What each row compares and from which runs; what was left out; what is missing."""
         lines = [f"Table 1 compares runs over {self.selection.context_desc}:"]
-        for _, rows in self.table.groupby(list(ROW), dropna=False, sort=False):
+        for _, rows in (self.table.groupby(list(ROW), dropna=False, sort=False) if len(self.table) else ()):
             first = rows.iloc[0]
             name = f"{first['model']} {first['label']}"
             by_treatment = dict(zip(rows["treatment"], rows["run_id"]))
