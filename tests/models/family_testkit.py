@@ -51,7 +51,7 @@ def _internals() -> Any:
     """The internal modules the kit needs, imported in this one place (their paths may move)."""
     import types
 
-    from jensenkv import generate
+    from jensenkv.generation import loop as generate
     from jensenkv.cache import ChunkedKVCache
     from jensenkv.report.store_frame import load_results
     from jensenkv.store.results import ResultsStore
