@@ -68,11 +68,11 @@ def test_auto_on_a_gpu_fills_the_free_memory_by_the_per_video_model(monkeypatch)
     grow with the cached chunks and double with the probes' reference copies."""
     import dataclasses
 
-    from jensenkv.config import RunConfig
+    from jensenkv.config.tree import RunConfig
     from jensenkv.models import family as family_module
     from jensenkv.models.config import ModelConfig
     from jensenkv.models.registry import family
-    from jensenkv.spec import resolve
+    from jensenkv.config.resolve import resolve
 
     spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
     per_video = family_module.video_bytes(spec)

@@ -13,9 +13,9 @@ from jensenkv.attention.diagnostics import HEAD_MOMENT_KEYS
 from jensenkv.calibration.fit import calibrate_overrides, fit_strengths, main
 from jensenkv.attention.config import layer_strengths
 from jensenkv.calibration import CALIBRATION_FORMAT, calibration_identity
-from jensenkv.config import AttentionConfig
+from jensenkv.config.tree import AttentionConfig
 from jensenkv.run import compose_config, run_overrides
-from jensenkv.spec import build_spec
+from jensenkv.config.resolve import build_spec
 from pipeline_testkit import FAST, fast_overrides
 
 S_TRUE = np.array([[-2.0, 0.5, 1.0], [3.0, -0.7, 0.25]])  # (L, H): signed

@@ -12,7 +12,7 @@ import pytest
 
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.cache import CacheSettings
-from jensenkv.config import RunConfig
+from jensenkv.config.tree import RunConfig
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.models import config as model_config
 from jensenkv.models.config import ModelConfig, RunGenerationConfig
@@ -196,7 +196,7 @@ def test_magi_fields_are_checked_when_the_tree_is_built(overrides, message):
 
 def test_resolve_reads_the_geometry_the_checks_need(tmp_path):
     """A group that does not divide the tiny model's head dim passes the pure tree and is refused on resolve."""
-    from jensenkv.spec import resolve
+    from jensenkv.config.resolve import resolve
 
     tree = RunConfig(model=ModelConfig(kind="magi", device="cpu", preset="tiny", latent_height=8),
                      generation=RunGenerationConfig(magi=tiny_schedule()), quant=QuantConfig(bits=2, group_size=64))
@@ -223,7 +223,7 @@ def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
     """Every family but HY-WorldPlay (one trajectory and memory per video) batches, so the refusal path is also
     tested on MAGI-1 marked as unable: batch_size > 1 is refused when the tree is built, and auto means one
     video at a time (WorldPlay's own refusal: tests/models/test_worldplay_family.py)."""
-    from jensenkv.spec import resolve
+    from jensenkv.config.resolve import resolve
 
     magi = ModelConfig(kind="magi", device="cpu", preset="tiny")
     assert [kind for kind, fam in FAMILIES.items() if not fam.batches] == ["worldplay"]
@@ -239,7 +239,7 @@ def test_a_family_that_cannot_batch_refuses_a_batch(monkeypatch):
 
 
 def test_the_batch_size_changes_no_run_id(tmp_path):
-    from jensenkv.spec import resolve
+    from jensenkv.config.resolve import resolve
 
     ids = {size: resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu"),
                                    generation=RunGenerationConfig(batch_size=size))).run_id for size in ("auto", 1, 7)}
@@ -247,7 +247,7 @@ def test_the_batch_size_changes_no_run_id(tmp_path):
 
 
 def test_auto_batch_size_on_a_cpu_is_the_familys_measured_default():
-    from jensenkv.spec import resolve
+    from jensenkv.config.resolve import resolve
 
     spec = resolve(RunConfig(model=ModelConfig(kind="tiny", device="cpu")))
     assert family("tiny").auto_batch_size(spec, "cpu") == family("tiny").cpu_batch_size > 1

@@ -94,7 +94,7 @@ def test_second_order_needs_a_bias_and_a_backend_that_has_it(weights, overrides,
 
 
 def test_attention_config_refuses_a_non_boolean_second_order():
-    from jensenkv.config import AttentionConfig
+    from jensenkv.config.tree import AttentionConfig
 
     with pytest.raises(ValueError, match=r"attention.second_order=1 is not allowed: it must be true or false"):
         AttentionConfig(correction="taylor", second_order=1)

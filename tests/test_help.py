@@ -1,8 +1,8 @@
 """``python -m jensenkv.run --help`` lists every field of the config tree with its value and its one-line doc."""
 from __future__ import annotations
 
-from jensenkv.config import RunConfig
-from jensenkv.config_help import register_help_resolver, schema_fields
+from jensenkv.config.tree import RunConfig
+from jensenkv.config.help import register_help_resolver, schema_fields
 
 
 def test_every_field_has_a_one_line_doc():
@@ -17,7 +17,7 @@ def test_every_field_has_a_one_line_doc():
 
 
 def test_help_template_shows_the_composed_values_and_the_docs():
-    from jensenkv.spec import compose_config
+    from jensenkv.config.resolve import compose_config
 
     register_help_resolver()
     template = compose_config(["model=magi1_tiny", "quant.bits=4"], hydra_config=True).hydra.help.template

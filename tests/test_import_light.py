@@ -49,7 +49,7 @@ def test_importing_the_config_loads_no_pandas():
     """The config tree is built before any table: pandas is loaded by the report alone (torch's own tqdm still
     imports its ``tqdm._tqdm_pandas`` hook module, which imports no pandas)."""
     modules = imported_modules("import jensenkv.config")
-    assert "jensenkv.config" in modules and "jensenkv.logger_config" in modules
+    assert "jensenkv.config" in modules and "jensenkv.config.logger" in modules
     assert [m for m in modules if m.split(".")[0] == "pandas"] == []
 
 

@@ -19,7 +19,7 @@ LAYERS = (
     ("models", ("models", "llm")),
     ("eval", ("eval",)),
     ("store", ("store",)),
-    ("config and report", ("config", "config_help", "logger_config", "spec", "report", "llm_config")),
+    ("config and report", ("config", "report")),
     ("run", ("run",)),
     ("command lines", ("doctor", "calibration.fit", "calibration.__main__", "bench")),
 )  # a dotted member places a package's module above its package (calibration: the file format is foundation)

@@ -154,7 +154,7 @@ def test_python_commands_pass_the_precheck_or_stop_on_missing_weights(command, n
     module, *args = shlex.split(command)[2:]
     assert importlib.util.find_spec(module) is not None, f"`{command}`: no module {module}"
     if module == "jensenkv.run.llm_prefill":  # its own config tree (configs/llm): composed and checked, not run
-        from jensenkv.llm_config import compose
+        from jensenkv.config.llm import compose
 
         compose(_parse_only(module, args, monkeypatch).settings)
         return

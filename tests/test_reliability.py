@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jensenkv.config import ModelConfig
+from jensenkv.config.tree import ModelConfig
 from jensenkv.run import Runner, build_spec, compose_config, run_overrides
 from jensenkv.report.store_frame import load_results
 from jensenkv.store.files import ResultsWriteError

@@ -348,7 +348,7 @@ def test_module_exposes_the_hydra_entry_point():
 
 def test_weights_digest_changes_when_the_tiny_weights_change(tmp_path):
     """Retrained built-in weights must not reuse runs made with the old ones."""
-    from jensenkv.config import ModelConfig
+    from jensenkv.config.tree import ModelConfig
     from jensenkv.models.registry import family
 
     def weights_digest(model):

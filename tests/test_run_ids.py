@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from jensenkv.spec import compose_config, resolve
+from jensenkv.config.resolve import compose_config, resolve
 from jensenkv.hashing import config_hash
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,7 +39,7 @@ def test_the_built_in_model_asks_for_no_gpu_and_what_its_family_states():
 
 
 def _model(name: str, device: str = "auto"):
-    from jensenkv.spec import compose_config
+    from jensenkv.config.resolve import compose_config
 
     model = compose_config([f"model={name}"]).model
     model.device = device  # as written: composing resolved "auto" on this GPU-less host

@@ -64,7 +64,7 @@ def test_a_run_records_teacher_forced_fidelity_per_chunk_and_video(tmp_path, tin
     and the per-chunk rows in the prompt results; the BF16 run records it missing; a staircase schedule is refused
     when the config is built."""
     from jensenkv.run import compose_config, run_overrides
-    from jensenkv.spec import build_spec
+    from jensenkv.config.resolve import build_spec
     from pipeline_testkit import fast_overrides
 
     record = run_overrides(fast_overrides(tmp_path, tiny_weights, "eval.metrics=[psnr,teacher_forced]",

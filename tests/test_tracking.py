@@ -8,7 +8,7 @@ import time
 import pytest
 
 from jensenkv.hashing import config_hash
-from jensenkv.logger_config import resolve_wandb_mode
+from jensenkv.config.logger import resolve_wandb_mode
 from jensenkv.report.store_frame import load_results
 from jensenkv.run.wandb import WandbRun
 from jensenkv.store.files import atomic_write, atomic_write_json

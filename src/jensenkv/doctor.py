@@ -13,7 +13,7 @@ paths are the ones the consuming code reads (eval.vbench, eval.fidelity, the mod
 ``make fetch-weights`` fills exactly these.
 
 The checks themselves are the families' (``jensenkv.models``: files and packages of each model) and the
-evaluators' (``jensenkv.eval.readiness``); a run's pre-flight (``jensenkv.spec``) reads the same ones.
+evaluators' (``jensenkv.eval.readiness``); a run's pre-flight (``jensenkv.config.resolve``) reads the same ones.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Readiness: whether a model, metric or VBench dimension can run on this machine, and what is missing where.
 
 The families (``jensenkv.models``) and the evaluators (``jensenkv.eval.readiness``) each describe their own
-files and packages as ``Check``s; a run's pre-flight (``jensenkv.spec``) and the report of
+files and packages as ``Check``s; a run's pre-flight (``jensenkv.config.resolve``) and the report of
 ``python -m jensenkv.doctor`` read the same checks. Nothing here knows a model or a metric.
 """
 from __future__ import annotations

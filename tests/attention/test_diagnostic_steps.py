@@ -10,7 +10,7 @@ from jensenkv.attention.config import AttentionConfig
 from jensenkv.attention.videos import probe_videos
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.quant import QuantConfig
-from jensenkv.spec import compose_config, resolve
+from jensenkv.config.resolve import compose_config, resolve
 
 
 def _inputs():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jensenkv.config import RunConfig
+from jensenkv.config.tree import RunConfig
 from jensenkv.models.config import ModelConfig, RunGenerationConfig
 from jensenkv.models.magi.schedule import MagiScheduleConfig
 from jensenkv.models.registry import family
@@ -174,7 +174,7 @@ def test_check_weights_shows_the_licence():
 
 
 def test_the_memory_mode_is_part_of_the_results_model_label():
-    from jensenkv.spec import resolve
+    from jensenkv.config.resolve import resolve
 
     assert resolve(run_config()).labels()["model"] == "tiny+rebuild"  # ModelConfig's default name
     assert resolve(run_config(generation=gen(memory="append"))).labels()["model"] == "tiny+append"
@@ -185,7 +185,7 @@ def test_the_memory_mode_is_part_of_the_results_model_label():
 def test_table1_worldplay_sweeps_three_quantizers_and_bf16_each_none_to_taylor_in_both_memory_modes():
     from omegaconf import OmegaConf
 
-    from jensenkv.spec import compose_config, resolve
+    from jensenkv.config.resolve import compose_config, resolve
 
     cfg = compose_config(["experiment=table1_worldplay"], hydra_config=True)
     params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}

@@ -293,7 +293,7 @@ def calibrate_overrides(overrides: Sequence[str] = (), out: str | Path | None = 
                         name: str | None = None, shrink: float | None = None) -> Path:
     """Compose ``overrides`` as ``python -m jensenkv.calibration`` does (eval=calibration by default) and calibrate."""
     from jensenkv.run import compose_config
-    from jensenkv.spec import build_spec
+    from jensenkv.config.resolve import build_spec
 
     overrides = list(overrides)
     if not any(o.split("=", 1)[0].lstrip("+~") == "eval" for o in overrides):

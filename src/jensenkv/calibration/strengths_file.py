@@ -112,7 +112,7 @@ def prompt_key(prompt: str) -> str:
 
 
 def calibration_identity(run: Any) -> dict:
-    """What calibrated strengths belong to (``run``: a resolved jensenkv.spec.RunSpec): the model (its
+    """What calibrated strengths belong to (``run``: a resolved jensenkv.config.resolve.RunSpec): the model (its
     config without where it runs or where its files sit on this machine, plus its weights' digest), the key
     quantizer (whose error the correction targets) and the correction. Values, cache layout and sampler are
     recorded in the file but not required to match."""

@@ -3,7 +3,7 @@
 The rest of the suite never asks which family a model is: it asks the family (``models.registry.family``)
 for the fields it reads, the model's geometry, the files it needs, a weights digest, which attention
 backends and metrics it supports, and the adapter. A family reads files here only in ``geometry``,
-``check_weights``, ``files`` and ``weights_digest``, which the run's resolve step (``jensenkv.spec``)
+``check_weights``, ``files`` and ``weights_digest``, which the run's resolve step (``jensenkv.config.resolve``)
 calls; ``check`` and ``check_generation`` are pure functions of the config values.
 """
 from __future__ import annotations
@@ -134,7 +134,7 @@ class ModelFamily:
 
     def check_inputs(self, model: Any, generation: Any, prompts: list[str]) -> None:
         """Checks of the input files a run of these prompts reads besides the weights (first frames, camera
-        files), before any model loads (``jensenkv.spec.build_spec``): ValueError naming the key, FileNotFoundError
+        files), before any model loads (``jensenkv.config.resolve.build_spec``): ValueError naming the key, FileNotFoundError
         naming the missing file. Most families read no input file."""
 
     def model_label(self, model: Any, generation: Any) -> str:

@@ -223,7 +223,7 @@ def tradeoff_grid() -> dict[str, list[str]]:
     """The swept values of experiment=tradeoff (configs/experiment/tradeoff.yaml): what tradeoff.png shows."""
     from omegaconf import OmegaConf
 
-    from jensenkv.spec import CONFIG_DIR
+    from jensenkv.config.resolve import CONFIG_DIR
 
     params = OmegaConf.load(CONFIG_DIR / "experiment" / "tradeoff.yaml").hydra.sweeper.params
     return {str(k): [v.strip() for v in str(values).split(",")] for k, values in params.items()}

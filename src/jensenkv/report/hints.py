@@ -22,7 +22,7 @@ TRIES = 3
 @lru_cache(maxsize=256)
 def _identity(overrides: tuple[str, ...]) -> dict | None:
     """The run identity ``python -m jensenkv.run <overrides>`` would have (None when they do not compose)."""
-    from jensenkv.spec import build_spec, compose_config
+    from jensenkv.config.resolve import build_spec, compose_config
 
     try:
         return build_spec(compose_config(list(overrides))).identity()
@@ -31,7 +31,7 @@ def _identity(overrides: tuple[str, ...]) -> dict | None:
 
 
 def _quant_presets() -> list[str]:
-    from jensenkv.spec import CONFIG_DIR
+    from jensenkv.config.resolve import CONFIG_DIR
 
     return sorted(p.stem for p in (CONFIG_DIR / "quant").glob("*.yaml"))
 
@@ -41,7 +41,7 @@ def _preset_settings(name: str) -> dict:
     """The fields a quant preset's YAML sets, its parents' (``defaults``) first."""
     from omegaconf import OmegaConf
 
-    from jensenkv.spec import CONFIG_DIR
+    from jensenkv.config.resolve import CONFIG_DIR
 
     conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "quant" / f"{name}.yaml"))
     out: dict = {}
@@ -62,7 +62,7 @@ def candidate_presets(key: dict) -> list[str]:
 
 
 def _experiments() -> set[str]:
-    from jensenkv.spec import CONFIG_DIR
+    from jensenkv.config.resolve import CONFIG_DIR
 
     return {p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")}
 

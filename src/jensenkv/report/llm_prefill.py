@@ -337,7 +337,7 @@ def expected_runs() -> tuple[list[str], str]:
     """The run ids of ``experiment=llm_prefill`` here (weights digest and text identities read), and a note when
     they cannot be planned (the report then names that as its gap)."""
     from jensenkv.llm.text import load_source
-    from jensenkv.llm_config import compose, plan_runs
+    from jensenkv.config.llm import compose, plan_runs
     from jensenkv.llm.weights import converted_dir, locate
 
     cfg = compose(["experiment=llm_prefill"])

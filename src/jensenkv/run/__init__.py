@@ -16,7 +16,7 @@ the value and what is allowed, before any model is loaded.
 Heavy libraries (torchmetrics, diffusers, the model code) are imported inside the functions that use
 them, so that validation -- and its error for bad input -- takes seconds.
 
-Modules (the run's specification, config -> RunSpec and its id, is ``jensenkv.spec``): ``runner`` (references, generation, metrics,
+Modules (the run's specification, config -> RunSpec and its id, is ``jensenkv.config.resolve``): ``runner`` (references, generation, metrics,
 record, W&B), ``cli`` (precheck of every swept value, the Hydra task, the compose-API entry).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ _EXPORTS = {
     **dict.fromkeys(("check_group_overrides", "compose_config", "group_options", "main", "precheck", "preset",
                      "run_overrides", "sweep_variants", "task"), "jensenkv.run.cli"),
     **dict.fromkeys(("Runner", "save_mp4"), "jensenkv.run.runner"),
-    **dict.fromkeys(("CONFIG_DIR", "CONFIG_GROUPS", "RunSpec", "build_spec", "resolve"), "jensenkv.spec"),
+    **dict.fromkeys(("CONFIG_DIR", "CONFIG_GROUPS", "RunSpec", "build_spec", "resolve"), "jensenkv.config.resolve"),
 }
 __all__ = sorted(_EXPORTS)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jensenkv.run.runner import Runner
 from jensenkv.checks import fail
-from jensenkv.spec import CONFIG_DIR, CONFIG_GROUPS, build_spec, compose_config
+from jensenkv.config.resolve import CONFIG_DIR, CONFIG_GROUPS, build_spec, compose_config
 
 
 def preset(*overrides: str) -> Any:
@@ -85,7 +85,7 @@ def _one_line(error: Exception) -> str:
     unknown = re.match(r"Could not override '([\w.]+)'", line)
     cause = error.__cause__
     if not unknown and cause is not None and "full_key:" in str(cause):  # a typed field refused the value
-        from jensenkv.spec import field_error_line as field_error
+        from jensenkv.config.resolve import field_error_line as field_error
 
         return f"{line}: {field_error(cause)}"
     if unknown:
@@ -198,7 +198,7 @@ def precheck(args: Sequence[str]) -> None:
 
 def check_environment() -> None:
     """The environment variables a run reads, checked before any job (each names itself in the error)."""
-    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.config.logger import resolve_wandb_mode
     from jensenkv.store.lock import lock_stale_after_s
 
     lock_stale_after_s()  # JENSENKV_LOCK_STALE_S
@@ -226,7 +226,7 @@ def check_added_keys(args: Sequence[str]) -> None:
     ``key=value`` for an unknown key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from jensenkv.spec import unknown_schema_key
+    from jensenkv.config.resolve import unknown_schema_key
 
     for override in OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")]):
         key = override.key_or_group
@@ -272,7 +272,7 @@ def _written_dirs(spec: Any) -> list[tuple[str, str]]:
     in the environment wins, as in ``runner.run_environment``)."""
     import os
 
-    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.config.logger import resolve_wandb_mode
 
     folders = [("paths.results_dir", spec.paths.results_dir)]
     if resolve_wandb_mode(spec.logger.mode) != "disabled":

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from jensenkv.models.registry import family
 
 if TYPE_CHECKING:
-    from jensenkv.spec import RunSpec
+    from jensenkv.config.resolve import RunSpec
 
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
 

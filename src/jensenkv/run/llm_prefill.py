@@ -1,5 +1,5 @@
 """python -m jensenkv.run.llm_prefill [key=value ...]: the LLM partial-prefill experiment (configs/llm/,
-``jensenkv.llm_config``), e.g. ``experiment=llm_prefill``. One run per (quantizer preset, sink setting) over every window, in the suite's
+``jensenkv.config.llm``), e.g. ``experiment=llm_prefill``. One run per (quantizer preset, sink setting) over every window, in the suite's
 results store (``<results_dir>/llm_prefill/``), with its run ids, leased locks, resume and W&B.
 
 A run's identity holds the model's name and weights digest, each text source's package, version and digest, the
@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 
 from jensenkv.exit_codes import EPILOG, guarded
 from jensenkv.hashing import config_hash
-from jensenkv.llm_config import LlmPrefillConfig, RunPlan, compose, plan_runs
+from jensenkv.config.llm import LlmPrefillConfig, RunPlan, compose, plan_runs
 from jensenkv.quant import QuantConfig
 from jensenkv.store.llm import (
     LAYERS_FILE,
@@ -141,7 +141,7 @@ def assemble(store, plan: RunPlan, window_meta: list[dict], model_label: str, se
 
 def log_wandb(store, cfg: LlmPrefillConfig, record: dict) -> None:
     """The record's metrics to W&B once (``wandb.json`` marks it); a failure keeps the record and is retried."""
-    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.config.logger import resolve_wandb_mode
     from jensenkv.run.wandb import WandbRun
     from jensenkv.store.files import atomic_write_json
 
@@ -176,7 +176,7 @@ def run_experiment(cfg: LlmPrefillConfig, say=print) -> dict:
     from jensenkv.llm.weights import converted_dir, load_causal_lm, locate
 
     from jensenkv.llm.anchors import check_backend
-    from jensenkv.llm_config import quant_preset
+    from jensenkv.config.llm import quant_preset
 
     for preset in cfg.quantizers:  # every bad name in one line before anything is read
         quant_preset(preset)
@@ -261,7 +261,7 @@ def describe(summary: dict) -> str:
 
 # --- the command line ----------------------------------------------------------------------------------------
 def _one_line(error: Exception) -> str:
-    from jensenkv.spec import field_error_line
+    from jensenkv.config.resolve import field_error_line
 
     text = str(error).split("Config search path:")[0]
     cause = error.__cause__
@@ -285,7 +285,7 @@ def _main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m jensenkv.run.llm_prefill", description=__doc__.split("\n\n")[0],
-                                     epilog="Fields and defaults: jensenkv/llm_config.py; experiments: configs/llm/. " + EPILOG)
+                                     epilog="Fields and defaults: jensenkv/config/llm.py; experiments: configs/llm/. " + EPILOG)
     parser.add_argument("settings", nargs="*", help="Hydra overrides: experiment=llm_prefill, key=value ...")
     args = parser.parse_args(argv).settings
     guarded(lambda: _run(args))

@@ -72,7 +72,7 @@ def measure(overrides: Sequence[str] = ()) -> list[dict]:
     attention probes off: they do not change the videos)."""
     from jensenkv.eval.fidelity import video_psnr
     from jensenkv.run import compose_config
-    from jensenkv.spec import build_spec
+    from jensenkv.config.resolve import build_spec
 
     def spec_of(*extra: str) -> Any:
         return build_spec(compose_config([*overrides, "eval.metrics=[psnr]", *extra]))

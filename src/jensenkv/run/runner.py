@@ -16,7 +16,7 @@ from jensenkv.run import wandb
 from jensenkv.run.done_line import done_line
 from jensenkv.run.environment import default_threads, run_environment
 from jensenkv.run.videos import BatchMemoryError, VideoMaker
-from jensenkv.spec import RunSpec
+from jensenkv.config.resolve import RunSpec
 
 if TYPE_CHECKING:
     from jensenkv.store.lock import FileLock

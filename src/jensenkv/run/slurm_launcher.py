@@ -77,7 +77,7 @@ def run_id_of(config: Any) -> tuple[str, bool]:
     """(the run id of a job's composed config, whether the store has its record already)."""
     from omegaconf import open_dict
 
-    from jensenkv.spec import build_spec
+    from jensenkv.config.resolve import build_spec
     from jensenkv.store.results import ResultsStore
 
     with open_dict(config):

@@ -31,7 +31,7 @@ def resource_overrides(args: Sequence[str], base: Any, variants: list[list[str]]
     pre-check then names the bad value)."""
     from jensenkv.models.family import video_bytes
     from jensenkv.models.registry import family
-    from jensenkv.spec import build_spec, compose_config
+    from jensenkv.config.resolve import build_spec, compose_config
 
     if base is None or not is_slurm(base.hydra.get("launcher")):
         return []
@@ -60,7 +60,7 @@ def written_device(overrides: Sequence[str], base: Any) -> str:
     resolves "auto" on this host, which is not the node the job runs on."""
     from omegaconf import OmegaConf
 
-    from jensenkv.spec import CONFIG_DIR
+    from jensenkv.config.resolve import CONFIG_DIR
 
     for override in reversed(list(overrides)):
         key, _, value = override.partition("=")

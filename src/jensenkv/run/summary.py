@@ -45,7 +45,7 @@ def _job_overrides(args: Sequence[str]) -> list[list[str]] | None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from jensenkv.spec import compose_config
+    from jensenkv.config.resolve import compose_config
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
         return None
@@ -71,8 +71,8 @@ def _label(spec) -> str:
 
 def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
     """The distinct runs of the command, and whether each was finished before it started; None if unknown."""
-    from jensenkv.spec import build_spec, compose_config
-    from jensenkv.logger_config import resolve_wandb_mode
+    from jensenkv.config.resolve import build_spec, compose_config
+    from jensenkv.config.logger import resolve_wandb_mode
     from jensenkv.store.results import ResultsStore
 
     try:

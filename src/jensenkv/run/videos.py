@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from jensenkv.eval.scoring import teacher_forced_rows
-from jensenkv.spec import RunSpec
+from jensenkv.config.resolve import RunSpec
 from jensenkv.store.results import ResultsStore
 
 log = logging.getLogger("jensenkv.run")

@@ -1,6 +1,6 @@
 """W&B for a run: one W&B run per finished record (config, summary metrics, a sample video, the attention plot),
 marked done in the run's ``wandb.json``. A log cut short by a kill or a full disk is redone by the next rerun;
-a W&B failure never loses the record. The logger's settings are ``jensenkv.logger_config.LoggerConfig``."""
+a W&B failure never loses the record. The logger's settings are ``jensenkv.config.logger.LoggerConfig``."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jensenkv.hashing import config_hash
-from jensenkv.logger_config import resolve_wandb_mode
+from jensenkv.config.logger import resolve_wandb_mode
 from jensenkv.store.files import atomic_write_json
 from jensenkv.store.results import ResultsStore
 

@@ -20,15 +20,15 @@ from typing import Optional
 
 from jensenkv.attention.backends import causal_backends
 from jensenkv.checks import check_choice, check_finite_tree, check_int, fail
-from jensenkv.config import PathsConfig
+from jensenkv.config.tree import PathsConfig
 from jensenkv.hashing import config_hash
 from jensenkv.store.llm import STORE_FOLDER
 from jensenkv.llm.prefill import TREATMENTS
 from jensenkv.llm.text import SOURCES
 from jensenkv.quant import QuantConfig
 from jensenkv.quant.config import FLOAT_DTYPES
-from jensenkv.spec import CONFIG_DIR
-from jensenkv.logger_config import LoggerConfig, resolve_wandb_mode
+from jensenkv.config.resolve import CONFIG_DIR
+from jensenkv.config.logger import LoggerConfig, resolve_wandb_mode
 
 
 @dataclass
@@ -186,7 +186,7 @@ class RunPlan:
 
 def quant_preset(name: str) -> QuantConfig:
     """A ``configs/quant`` preset as the video runs compose it (one definition of every quantizer)."""
-    from jensenkv.spec import compose_config
+    from jensenkv.config.resolve import compose_config
 
     presets = sorted(path.stem for path in (CONFIG_DIR / "quant").glob("*.yaml"))
     if name not in presets:

@@ -8,7 +8,7 @@
       cache: CacheSettings          jensenkv.cache: values same|none, sink chunks, window, full-precision dtype
       attention: AttentionConfig    jensenkv.attention.config: backend, correction, strength, probes
       eval: EvalConfig              jensenkv.eval.config: prompts, seeds, metrics, LPIPS, VBench
-      logger: LoggerConfig          jensenkv.logger_config: W&B
+      logger: LoggerConfig          jensenkv.config.logger: W&B
       paths: PathsConfig, threads, experiment_name
 
 Hydra composes ``configs/`` on top of these schemas (``register_configs`` puts ``RunConfig`` in Hydra's
@@ -19,7 +19,7 @@ validates itself in ``__post_init__``: a ValueError naming the key, the value an
 A preset file (``configs/quant/rtn.yaml``) only states how it differs from these defaults.
 
 Building the tree reads no file: the checks that need the model's config files, its weights or a calibration
-file run in one resolve step (``jensenkv.spec.resolve``), which also computes the digests a run id hashes.
+file run in one resolve step (``jensenkv.config.resolve.resolve``), which also computes the digests a run id hashes.
 Settings a method ignores are reset here (QVG fields of an RTN run, every quantizer field of a BF16 run, the
 correction of a run with nothing quantized), so equal runs get equal ids.
 """
@@ -39,7 +39,7 @@ from jensenkv.models.config import ModelConfig, RunGenerationConfig
 from jensenkv.models.registry import family
 from jensenkv.quant.config import QuantConfig
 from jensenkv.generation.teacher_forced import check_teacher_forced
-from jensenkv.logger_config import LoggerConfig
+from jensenkv.config.logger import LoggerConfig
 
 
 @dataclass
@@ -89,7 +89,7 @@ class RunConfig:
 
     def _check_indices(self) -> None:
         """Probe steps and sink chunks against the generation they index: past its end they would make a run
-        that silently probes or quantizes nothing (probe layers need the model's depth: jensenkv.spec.resolve)."""
+        that silently probes or quantizes nothing (probe layers need the model's depth: jensenkv.config.resolve.resolve)."""
         steps, chunks, sinks = self.generation.steps, self.generation.num_chunks, self.cache.sink_chunks
         for key in ("probe_steps", "diagnostic_steps"):
             value = getattr(self.attention, key)

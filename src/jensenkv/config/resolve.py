@@ -18,15 +18,15 @@ from typing import Any, Optional
 from jensenkv.attention.backends import check_backend_device
 from jensenkv.calibration import check_calibration, load_calibration
 from jensenkv.checks import check_finite_tree, fail
-from jensenkv.config import RunConfig, register_configs
+from jensenkv.config.tree import RunConfig, register_configs
 from jensenkv.eval.readiness import require_ready
 from jensenkv.models.family import Geometry
 from jensenkv.models.registry import family
-from jensenkv.config_help import register_help_resolver
+from jensenkv.config.help import register_help_resolver
 from jensenkv.store.record_check import identity_labels
 from jensenkv.hashing import config_hash
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # src/jensenkv/spec.py -> the checkout
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"  # src/jensenkv/config/resolve.py -> the checkout
 CONFIG_GROUPS = ("model", "quant", "correction", "eval", "logger", "experiment")
 
 register_configs()

@@ -125,7 +125,7 @@ def fields_help(root: Any) -> str:
     """The help's field list: ``key = value  doc`` lines, values from the composed config ``root``."""
     from omegaconf import OmegaConf
 
-    from jensenkv.config import RunConfig
+    from jensenkv.config.tree import RunConfig
 
     lines = []
     for key, doc in schema_fields(RunConfig, kind=OmegaConf.select(root, "model.kind", default=None)):
