@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
 LAYERS = (
-    ("foundation", ("jensenkv", "checks", "exit_codes", "machine", "hashing", "readiness", "calibration", "quant", "correction")),
+    ("foundation", ("jensenkv", "checks", "devices", "exit_codes", "machine", "hashing", "readiness", "calibration", "quant", "correction")),
     ("cache", ("cache",)),
     ("attention", ("attention",)),
     ("generation", ("generation",)),

@@ -134,5 +134,10 @@ class RunConfig:
 def register_configs() -> None:
     """Put the tree's schema in Hydra's ConfigStore (``configs/config.yaml`` lists ``run_schema`` first)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    schema = OmegaConf.structured(RunConfig)
+    # the default as written, not as this host resolved it on import: build_spec resolves it where the run
+    # runs, or as on the node a SLURM job is planned for (jensenkv.devices)
+    schema.model.device = "auto"
+    ConfigStore.instance().store(name="run_schema", node=schema)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from jensenkv.checks import check_choice, fail
+from jensenkv.devices import cuda_available, where
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.models.magi.family import MagiNode
 from jensenkv.models.magi.schedule import MagiGenerationNode
@@ -36,20 +37,15 @@ from jensenkv.quant.config import FLOAT_DTYPES
 MODEL_DTYPES = tuple(FLOAT_DTYPES)
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def resolve_device(device: Any) -> str:
-    """"auto" -> "cuda" when a GPU is visible, else "cpu"; "cuda[:n]" needs a visible GPU."""
+    """"auto" -> "cuda" when a GPU is visible, else "cpu"; "cuda[:n]" needs a visible GPU. Visible where the run
+    will run (``jensenkv.devices``: this host, or the node a SLURM job is planned for)."""
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         fail("model.device", device, "use auto, cpu, cuda or cuda:<n>")
     if device.startswith("cuda") and not cuda_available():
-        fail("model.device", device, "no CUDA device is visible on this machine; use auto or cpu")
+        fail("model.device", device, f"no CUDA device is visible {where()}; use auto or cpu")
     return device
 
 

@@ -173,19 +173,23 @@ def precheck(args: Sequence[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from jensenkv.run.slurm_resources import planned_node_of
+
     check_environment()
     check_override_syntax(args)
     check_group_overrides(args)
     check_added_keys(args)
     try:
         base, variants = _sweep_plan(args)
+        multirun = "-m" in args or "--multirun" in args
         if base is not None:
-            check_launcher(base.hydra, multirun="-m" in args or "--multirun" in args)
+            check_launcher(base.hydra, multirun=multirun)
         checked: set[str] = set()
         plain = [a for a in args if not a.startswith("-")]
         for overrides in variants or []:
             # without sweeps the one variant is the base config already composed (composing is the slow part)
-            spec = build_spec(base if overrides == plain else compose_config(overrides))
+            with planned_node_of(_jobs_launcher(base, multirun)):  # devices checked as on the jobs' node
+                spec = build_spec(base if overrides == plain else compose_config(overrides))
             for key, folder in _written_dirs(spec):
                 if folder not in checked:
                     check_writable_dir(folder, key)
@@ -194,6 +198,13 @@ def precheck(args: Sequence[str]) -> None:
         raise ValueError(_one_line(e)) from None
     except AssertionError:  # OmegaConf asserts when an override reaches into a null node
         raise ValueError(_null_parent(args)) from None
+
+
+def _jobs_launcher(base: Any, multirun: bool) -> Any:
+    """The launcher that runs the jobs (None: they run here, as a single run does whatever the launcher)."""
+    if base is None or not (multirun or "MULTIRUN" in str(base.hydra.get("mode"))):
+        return None
+    return base.hydra.get("launcher")
 
 
 def check_environment() -> None:

@@ -52,7 +52,8 @@ def one_line(error: BaseException | str) -> str:
     if not lines:
         return type(error).__name__ if isinstance(error, BaseException) else "no reason given"
     if "has not produced any output" in text:  # submitit: the job ended without a result file
-        said = [line.split("error:", 1)[1].strip(" *") for line in lines if "*** JOB" in line and "error:" in line]
+        said = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]  # the task's own
+        said += [line.split("error:", 1)[1].strip(" *") for line in lines if "*** JOB" in line and "error:" in line]
         said += [line for line in lines if line.startswith("stopped by SIGTERM")]
         ended = next(line for line in lines if "has not produced any output" in line)
         return said[-1] if said else ended
@@ -73,17 +74,30 @@ def sbatch_reason(error: BaseException) -> str:
     return one_line(error)
 
 
-def run_id_of(config: Any) -> tuple[str, bool]:
-    """(the run id of a job's composed config, whether the store has its record already)."""
+@dataclass(frozen=True)
+class PlannedJob:
+    """A job's run as planned on the submitting host, its devices resolved as on the job's node."""
+    run_id: str
+    finished: bool          # the store has its record already
+    overrides: list[str]    # the job's overrides, model.device pinned to the planned device (``pinned_device``)
+
+
+def plan_job(config: Any, overrides: Sequence[str], launcher: Any) -> PlannedJob:
+    """The run of a job's composed ``config`` (Hydra's sweep config of ``overrides``), planned as on the node a
+    job of ``launcher`` runs on (``slurm_resources.job_node``)."""
     from omegaconf import open_dict
 
+    from jensenkv.run.slurm_resources import job_node, pinned_device
     from jensenkv.config.resolve import build_spec
     from jensenkv.store.results import ResultsStore
 
     with open_dict(config):
         config.pop("hydra", None)  # the task's view, as Hydra hands it to the job
-    spec = build_spec(config)
-    return spec.run_id, ResultsStore(spec.results_dir).has_record(spec.run_id)
+    written = str(config.model.device)  # before build_spec resolves it
+    with job_node(launcher):
+        spec = build_spec(config)
+    return PlannedJob(spec.run_id, ResultsStore(spec.results_dir).has_record(spec.run_id),
+                      pinned_device(overrides, written, spec.model.device))
 
 
 STOPPED_EXIT = 128 + signal.SIGTERM  # as a shell reports a process ended by SIGTERM
@@ -115,12 +129,12 @@ class SlurmLauncher(SubmititSlurmLauncher):
         submit: list[tuple[int, list[str], str]] = []
         seen: set[str] = set()
         for i, overrides in enumerate(job_overrides):
-            run_id, finished = run_id_of(self.hydra_context.config_loader.load_sweep_config(self.config,
-                                                                                            list(overrides)))
-            if finished or run_id in seen:  # finished before, or another job of this sweep runs it
+            config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            job = plan_job(config, overrides, self.params)
+            if job.finished or job.run_id in seen:  # finished before, or another job of this sweep runs it
                 continue
-            seen.add(run_id)
-            submit.append((initial_job_idx + i, list(overrides), run_id))
+            seen.add(job.run_id)
+            submit.append((initial_job_idx + i, job.overrides, job.run_id))
         skipped = len(job_overrides) - len(submit)
         log.info("SLURM: %d job(s) to submit, %d skipped (run finished already or shared with another job)",
                  len(submit), skipped)

@@ -25,10 +25,57 @@ def is_slurm(launcher: Any) -> bool:
     return "slurm" in str((launcher or {}).get("_target_", "")).lower()
 
 
+def job_asks_for_gpu(launcher: Any) -> bool:
+    """Whether a job of this launcher config asks SLURM for a GPU: gpus_per_node or gpus_per_task >= 1 (an
+    int, or a "type:count" string), or a gres (own key or additional_parameters) naming gpu."""
+    launcher = launcher or {}
+    extra = launcher.get("additional_parameters") or {}
+    for key in ("gpus_per_node", "gpus_per_task"):
+        for value in (launcher.get(key), extra.get(key), extra.get(key.replace("_", "-"))):
+            if value is not None and _gpu_count(value) >= 1:
+                return True
+    return any("gpu" in str(v).lower() for v in (launcher.get("gres"), extra.get("gres")) if v)
+
+
+def _gpu_count(value: Any) -> int:
+    """1 from 1, "1" or "a100:1"; 0 from what names no count (SLURM would refuse it: sbatch --test-only says)."""
+    text = str(value).rsplit(":", 1)[-1]
+    return int(text) if text.isdigit() else 0
+
+
+def planned_node_of(launcher: Any) -> Any:
+    """Device checks as on the node a job of ``launcher`` runs on (``jensenkv.devices.planned_node``): a job
+    that asks for a GPU runs where one is visible, one that asks for none on the CPU. A launcher that is not
+    SLURM's runs its jobs here: this host's own answer."""
+    from contextlib import nullcontext
+
+    return job_node(launcher) if is_slurm(launcher) else nullcontext()
+
+
+def job_node(launcher: Any) -> Any:
+    """``jensenkv.devices.planned_node`` for the node a SLURM job of ``launcher`` runs on."""
+    from jensenkv.devices import planned_node
+
+    has_gpu = job_asks_for_gpu(launcher)
+    return planned_node(has_gpu, "on the SLURM job's node (it asks for " + (
+        "a GPU)" if has_gpu else "no GPU: set hydra.launcher.gpus_per_node=1)"))
+
+
+def pinned_device(overrides: Sequence[str], written: str, planned: str) -> list[str]:
+    """The job's overrides with ``model.device`` set to the device planned for it when the config leaves it to
+    "auto": a node whose GPUs a CPU job can see (no cgroup isolation) still runs the planned device, and the
+    run id (which hashes the resolved device, not the override) is the planned one."""
+    if written != "auto":
+        return list(overrides)
+    kept = [o for o in overrides if o.partition("=")[0].lstrip("+") != "model.device"]
+    return [*kept, f"model.device={planned}"]
+
+
 def resource_overrides(args: Sequence[str], base: Any, variants: list[list[str]] | None) -> list[str]:
     """``hydra.launcher.<key>=<value>`` for each resource the command line leaves to the family: the most any
     variant of the sweep needs. [] when the launcher is not SLURM's or a variant does not compose (the
     pre-check then names the bad value)."""
+    from jensenkv.devices import planned_node
     from jensenkv.models.family import video_bytes
     from jensenkv.models.registry import family
     from jensenkv.config.resolve import build_spec, compose_config
@@ -44,31 +91,17 @@ def resource_overrides(args: Sequence[str], base: Any, variants: list[list[str]]
     try:
         for overrides in variants or [[]]:
             config = compose_config(overrides)
-            spec = build_spec(config)
+            # built for its video size only, as on a node with a GPU: the device is judged by the pre-check,
+            # once the request it depends on is known (planned_node_of)
+            with planned_node(True, "on the SLURM job's node"):
+                spec = build_spec(config)
             video = video_bytes(spec) if spec.geometry is not None else 0
-            config.model.device = written_device(overrides, base)  # as the job will resolve it, on its node
             stated = family(config.model.kind).resources(config.model, video)
             for key in open_keys:
                 needs[key] = max(needs.get(key, 0), int(getattr(stated, RESOURCE_KEYS[key])))
     except (ValueError, FileNotFoundError):
         return []
     return [f"hydra.launcher.{k}={v}" for k, v in needs.items()]
-
-
-def written_device(overrides: Sequence[str], base: Any) -> str:
-    """model.device as the command line or the model's preset writes it ("auto" unless set): composing
-    resolves "auto" on this host, which is not the node the job runs on."""
-    from omegaconf import OmegaConf
-
-    from jensenkv.config.resolve import CONFIG_DIR
-
-    for override in reversed(list(overrides)):
-        key, _, value = override.partition("=")
-        if key.lstrip("+") == "model.device":
-            return value
-    preset = CONFIG_DIR / "model" / f"{base.hydra.runtime.choices.get('model')}.yaml"
-    written = OmegaConf.load(preset).get("model", {}).get("device") if preset.is_file() else None
-    return str(written or "auto")
 
 
 def check_time_limit(launcher: Any) -> None:

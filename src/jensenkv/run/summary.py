@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("jensenkv.run")
 from jensenkv.exit_codes import BAD_INPUT, DONE, FAILED, INTERRUPTED, PARTIAL
@@ -42,24 +43,29 @@ class PlannedRun:
 def _job_overrides(args: Sequence[str]) -> list[list[str]] | None:
     """The override list of every job the command launches (the product of swept values, as Hydra's basic
     sweeper builds it); None when the arguments are not plain overrides."""
+    return _job_plan(args)[0]
+
+
+def _job_plan(args: Sequence[str]) -> tuple[list[list[str]] | None, Any]:
+    """(``_job_overrides``, the launcher that runs the jobs: None for a single run, which runs here)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from jensenkv.config.resolve import compose_config
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
-        return None
+        return None, None
     plain = [a for a in args if not a.startswith("-")]
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(plain)
     base = compose_config([o.input_line for o in parsed if not o.is_sweep_override()], hydra_config=True)
     multirun = "-m" in args or "--multirun" in args or "MULTIRUN" in str(base.hydra.get("mode"))
     if not multirun:
-        return [plain]
+        return [plain], None
     params = base.hydra.sweeper.get("params") or {}
     declared = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
     by_key = {o.key_or_group: o for o in [*declared, *parsed]}  # command line last: it wins, as in Hydra
-    return BasicSweeper.split_arguments(list(by_key.values()), None)[0]
+    return BasicSweeper.split_arguments(list(by_key.values()), None)[0], base.hydra.get("launcher")
 
 
 def _label(spec) -> str:
@@ -73,15 +79,17 @@ def plan_runs(args: Sequence[str]) -> list[PlannedRun] | None:
     """The distinct runs of the command, and whether each was finished before it started; None if unknown."""
     from jensenkv.config.resolve import build_spec, compose_config
     from jensenkv.config.logger import resolve_wandb_mode
+    from jensenkv.run.slurm_resources import planned_node_of
     from jensenkv.store.results import ResultsStore
 
     try:
-        jobs = _job_overrides(args)
+        jobs, launcher = _job_plan(args)
         if jobs is None:
             return None
         planned: dict[str, PlannedRun] = {}
         for overrides in jobs:
-            spec = build_spec(compose_config(overrides))
+            with planned_node_of(launcher):  # the run ids the jobs write: devices resolved as on their node
+                spec = build_spec(compose_config(overrides))
             if spec.run_id not in planned:
                 store = ResultsStore(spec.results_dir)
                 finished = store.has_record(spec.run_id)  # a damaged run counts as unfinished
