@@ -109,7 +109,7 @@ def worldplay_rows(plan: Plan) -> list[dict]:
                          r["rss_growth"] / r["memory_bytes"], "ratio"),
                      row("worldplay_cache_memory", f"{config}: stored / BF16", r["stored"] / r["bf16"], "ratio")]
             log_progress(f"worldplay {quant} {memory}: {r['frames']} frames, stored {mib['stored']:.0f} MiB, "
-                 f"RSS {mib['rss']:.0f} MiB, memory_bytes {mib['theory']:.0f} MiB")
+                         f"RSS {mib['rss']:.0f} MiB, memory_bytes {mib['theory']:.0f} MiB")
     plan.notes.append(
         f"worldplay_cache_memory: {geometry.describe()}; random K/V of the real size committed through "
         "WorldPlayCaches.store_group (both streams, K and V) for every memory write of one video (no transformer: "

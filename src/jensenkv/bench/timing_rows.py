@@ -121,7 +121,7 @@ def correction_overhead_floor_rows(plan: Plan) -> list[dict]:
                 elif unit == "ratio":
                     long_floor = median
         log_progress(f"floor {shape}: " + ", ".join(f"{r['config'].split(' SDPA')[0]} {r['value']:.3f}"
-                                            for r in rows[-2 * (len(variants) - 1):] if r["unit"] == "ratio"))
+                                                    for r in rows[-2 * (len(variants) - 1):] if r["unit"] == "ratio"))
     rows += _median_rows("correction_overhead_floor", per_shape)
     if all(per_shape.get(name) for name in ("columns", "split", "exact")):
         plan.notes.append(
@@ -160,7 +160,7 @@ def e2e_rows(plan: Plan) -> list[dict]:
             median, iqr = paired_ratio(samples["int2"], samples["bf16"])
             rows.append(row("e2e_time_ratio", f"INT2 g=32 + taylor / BF16, {what}", median, unit, iqr, repeats))
         log_progress(f"e2e {name}: {rows[-2]['value']:.3f} CPU, {rows[-1]['value']:.3f} wall "
-             f"(BF16 median {statistics.median(wall['bf16']):.2f} s wall)")
+                     f"(BF16 median {statistics.median(wall['bf16']):.2f} s wall)")
     return rows
 
 
@@ -221,7 +221,8 @@ def batch_throughput_rows(plan: Plan) -> list[dict]:
         plan.notes.append("batch_throughput: one video set no new RSS peak (the process's start-up peak is higher)")
     rows += [row("batch_throughput", "cache bytes per video, batch 1", alone["cache_bytes_per_video"], "bytes"),
              row("batch_throughput", f"cache bytes per video, batch of {n}", many["cache_bytes_per_video"], "bytes")]
-    log_progress(f"batch throughput: {rows[3]['value']:.2f}x over batch 1, {rows[5]['value']:.2f}x over per-branch forwards")
+    log_progress(f"batch throughput: {rows[3]['value']:.2f}x over batch 1, "
+                 f"{rows[5]['value']:.2f}x over per-branch forwards")
     return rows
 
 
@@ -263,5 +264,6 @@ def probe_overhead_rows(plan: Plan) -> list[dict]:
             median, iqr = paired_ratio(samples[name], samples["none"])
             rows.append(row("probe_overhead", f"built-in model, {what} / no probes (1 thread)", median, unit, iqr,
                             plan.e2e_repeats))
-    log_progress(f"probe overhead: {rows[0]['value']:.3f} (probes), {rows[2]['value']:.3f} (with diagnostics), CPU time")
+    log_progress(f"probe overhead: {rows[0]['value']:.3f} (probes), {rows[2]['value']:.3f} (with diagnostics), "
+                 "CPU time")
     return rows

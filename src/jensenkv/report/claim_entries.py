@@ -86,7 +86,7 @@ def superiority(option: str, tags: frozenset, numbers: dict[str, str], est: Pair
     """An option whose claim is "the mean lies on the ``claimed`` side of 0": two-sided sign flip over prompts."""
     if est.n < 2 or est.test is None or not math.isfinite(est.test.p):
         return missing_entry(option, tags, reason if est.n == 0 else
-                        f"{est.n} prompt(s) with {NAMES.get(metric, metric)}: no test", numbers)
+                             f"{est.n} prompt(s) with {NAMES.get(metric, metric)}: no test", numbers)
     side = side_of(est.delta, claimed)
     return Entry(option, tags, numbers, side, est.test, primary=primary, power=est)
 
@@ -98,7 +98,7 @@ def margin_entry(option: str, tags: frozenset, numbers: dict[str, str], est: Pai
     "non-inferiority" (mean on the ``claimed`` side of -margin, signed so that ``claimed`` is better)."""
     if est.n < 2:
         return missing_entry(option, tags, reason if est.n == 0 else
-                        f"{est.n} prompt(s) with {NAMES.get(metric, metric)}: no test", numbers)
+                             f"{est.n} prompt(s) with {NAMES.get(metric, metric)}: no test", numbers)
     x = clusters.to_numpy()
     if kind == "equivalence":
         lower, upper = sign_flip(x, -margin, "greater"), sign_flip(x, margin, "less")
