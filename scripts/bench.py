@@ -19,7 +19,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from jensenkv.bench.suite import BENCHMARKS, GPU_BENCHMARK, Plan, quick_plan, run_suite
+from jensenkv.bench.plan import BENCHMARKS, GPU_BENCHMARK, Plan, quick_plan
+from jensenkv.bench.suite import run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 

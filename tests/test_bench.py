@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 
 from jensenkv.bench.presets import preset
-from jensenkv.bench.suite import BENCHMARKS, COLUMNS, run_suite, quick_plan
+from jensenkv.bench.plan import BENCHMARKS, quick_plan
+from jensenkv.bench.suite import run_suite
+from jensenkv.bench.suite_report import COLUMNS
 from jensenkv.bench.timing import paired_ratio, time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,11 +151,12 @@ def test_only_one_benchmark_replaces_its_rows_and_keeps_every_other_row(tmp_path
     import time
 
     from jensenkv.bench import suite
+    from jensenkv.bench.plan import row
 
     shutil.copy(ROOT / "results" / "bench.csv", tmp_path / "bench.csv")
     before = pd.read_csv(tmp_path / "bench.csv", dtype={"commit": str, "measured": str})
     monkeypatch.setitem(suite.RUNNERS, "e2e_time_ratio",
-                        lambda plan: [suite.row("e2e_time_ratio", "stand-in", 1.0, "ratio")])
+                        lambda plan: [row("e2e_time_ratio", "stand-in", 1.0, "ratio")])
     suite.run_suite(quick_plan(), tmp_path, only=("e2e_time_ratio",))
     after = pd.read_csv(tmp_path / "bench.csv", dtype={"commit": str, "measured": str})
     measured = ["benchmark", "config", "value", "unit", "iqr", "repeats"]

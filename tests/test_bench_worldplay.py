@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jensenkv.bench import suite
+from jensenkv.bench import memory_rows, suite
+from jensenkv.bench.plan import BENCHMARKS, MIB, quick_plan
 from jensenkv.bench.worldplay_memory import TOY, WORLDPLAY_480P, held
 from jensenkv.models.worldplay.cache import memory_bytes
 
@@ -51,9 +52,9 @@ def test_rows_scale_the_measured_layers_and_compare_with_memory_bytes(monkeypatc
         assert module == "jensenkv.bench.worldplay_memory" and in_process  # the quick plan starts no process
         return held(TOY, quant, memory, measured_layers=1)
 
-    monkeypatch.setattr(suite, "measure", fake_measure)
-    plan = suite.quick_plan()
-    rows = suite.worldplay_rows(plan)
+    monkeypatch.setattr(memory_rows, "measure", fake_measure)
+    plan = quick_plan()
+    rows = memory_rows.worldplay_rows(plan)
     assert [c[:3] for c in calls] == [("held", q, m) for q in ("bf16", "rtn") for m in ("rebuild", "append")]
     assert all(c[3] == ("--toy",) for c in calls)
     assert len(rows) == 4 * 7 and {r["benchmark"] for r in rows} == {"worldplay_cache_memory"}
@@ -64,7 +65,7 @@ def test_rows_scale_the_measured_layers_and_compare_with_memory_bytes(monkeypatc
             stored = by[prefix + "held, stored (nbytes)"]["value"]
             want = memory_bytes(TOY.layers, TOY.heads, TOY.head_dim, _cache(quant.split()[0]), frames,
                                 TOY.frame_tokens)["stored"]
-            assert stored * suite.MIB == pytest.approx(want)  # one block x 2 layers == the 2-layer count
+            assert stored * MIB == pytest.approx(want)  # one block x 2 layers == the 2-layer count
             assert by[prefix + "memory_bytes (settings)"]["value"] == pytest.approx(stored)
             assert by[prefix + "one chunk's K+V, both streams"]["value"] * frames / TOY.chunk_frames \
                 == pytest.approx(stored)
@@ -73,4 +74,4 @@ def test_rows_scale_the_measured_layers_and_compare_with_memory_bytes(monkeypatc
 
 
 def test_benchmark_is_in_the_suite():
-    assert "worldplay_cache_memory" in suite.BENCHMARKS and "worldplay_cache_memory" in suite.RUNNERS
+    assert "worldplay_cache_memory" in BENCHMARKS and "worldplay_cache_memory" in suite.RUNNERS

@@ -11,7 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jensenkv.report.claims import build_report, main, render, write_claims
+from jensenkv.report.claims import main, write_claims
+from jensenkv.report.claims_markdown import render
+from jensenkv.report.paper_claims import build_report
 from jensenkv.report.diagnostics import per_layer, plot_diagnostics, reading, uncorrected_diagnostics
 from jensenkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, decide, side_of, summarize
 from jensenkv.hashing import config_hash

@@ -191,7 +191,7 @@ def build_known_store(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def known(tmp_path_factory):
-    from jensenkv.report.claims import build_report
+    from jensenkv.report.paper_claims import build_report
 
     root = build_known_store(tmp_path_factory.mktemp("known") / "results")
     (rep,) = build_report(root)
@@ -249,7 +249,7 @@ def test_matches_int4_is_non_inferiority_with_a_printed_margin(known):
 
 def test_the_papers_effect_is_tested_and_printed(known):
     root, rep = known
-    from jensenkv.report.claims import render
+    from jensenkv.report.claims_markdown import render
 
     primary = rep.primary
     name, effect, test = primary.paper
@@ -267,7 +267,7 @@ def test_the_papers_effect_is_tested_and_printed(known):
 # --- presentation ----------------------------------------------------------------------------------------------------
 def test_bounds_keep_their_sign():
     from jensenkv.eval.stats import Interval
-    from jensenkv.report.claims import fmt_interval
+    from jensenkv.report.claim_numbers import fmt_interval
 
     assert fmt_interval(Interval(0.001, 0.00034, 0.002, 8), "psnr") == "+0.001 [+0.00034, +0.002]"
     assert fmt_interval(Interval(-0.01, -0.0042, 0.3, 8), "psnr") == "-0.01 [-0.0042, +0.30]"
@@ -315,7 +315,7 @@ def test_table1_videos_csv_recomputes_three_cells(known, tmp_path):
 
 
 def test_rendered_tables_keep_their_columns_and_say_reversed(known):
-    from jensenkv.report.claims import render
+    from jensenkv.report.claims_markdown import render
 
     root, rep = known
     text = render([rep], root, "taylor")
@@ -332,7 +332,7 @@ def test_rendered_tables_keep_their_columns_and_say_reversed(known):
 
 
 def test_about_zero_says_when_the_uncorrected_shift_already_was(tmp_path):
-    from jensenkv.report.claims import build_report
+    from jensenkv.report.paper_claims import build_report
 
     root = tmp_path / "results"
     write_run(root, QuantConfig(method="none"), "none", lambda i, s, r: {}, PROMPTS, SEEDS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jensenkv.store.record import DamagedStoreError
-from jensenkv.report.table1 import build_table1
+from jensenkv.report.table1_build import build_table1
 from jensenkv.report.table1 import main as table1_main
 from jensenkv.run import run_overrides
 from jensenkv.run.summary import plan_runs

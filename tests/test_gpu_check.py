@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from jensenkv.bench.gpu_check import COLUMNS, GROUP_ORDER, STATUSES, run_all, write_report
-from jensenkv.bench.gpu_checks import (
-    CheckContext, GpuShape, attention_inputs, dense_gqa, gpu_test_files, oracle_output, oracle_shapes, toy_shape,
-)
+from jensenkv.bench.gpu import GpuShape
+from jensenkv.bench.gpu_check_context import CheckContext
+from jensenkv.bench.gpu_check_environment import gpu_test_files
+from jensenkv.bench.gpu_check_inputs import attention_inputs, dense_gqa, oracle_output
+from jensenkv.bench.gpu_check_shapes import oracle_shapes, toy_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 

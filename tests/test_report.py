@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from jensenkv.report.figures import jensen_bias_curves, plot_tradeoff
-from jensenkv.report.table1 import CSV_COLUMNS, main, paper_table, select_runs, write_table1
+from jensenkv.report.table1 import main, write_table1
+from jensenkv.report.table1_cells import CSV_COLUMNS, select_runs
+from jensenkv.report.table1_format import paper_table
 from jensenkv.run import run_overrides
 from jensenkv.report.store_frame import load_results
 
@@ -151,7 +153,7 @@ def test_a_cell_pairs_runs_that_differ_only_in_the_correction(mixed):
     chosen = select_runs(load_results(results))
     rtn = chosen[chosen["quantizer"] == "rtn"].set_index("correction")["run_id"]
     assert dict(rtn) == {"none": ids["none"], "taylor": ids["taylor"]}  # same prompts, seeds, steps, weights
-    from jensenkv.report.table1 import build_table1
+    from jensenkv.report.table1_build import build_table1
 
     t1 = build_table1(results)
     left_out = "\n".join(t1.selection.left_out)

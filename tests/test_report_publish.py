@@ -158,7 +158,9 @@ def test_a_report_that_fails_halfway_writes_none_of_its_files(tmp_path):
 
 def test_table1_fails_halfway_without_writing(store, tmp_path, monkeypatch):
     copied = _committed_copy(tmp_path)
-    built = table1.build_table1(store)
+    from jensenkv.report.table1_build import build_table1
+
+    built = build_table1(store)
     made = []
 
     def last_fails(text: str):
@@ -261,9 +263,10 @@ def test_claim_3_hint_composes_to_the_missing_run(tmp_path):
     missing = config_hash(twin_identity(spec.identity(), 4, "none"))  # the uncorrected INT4 twin's run id
     assert preset(*overrides).run_id == missing != spec.run_id
     from jensenkv.report.options import load_options
+    from jensenkv.report.paper_claims import claim_memory
 
     (opts,) = load_options(tmp_path).values()
-    printed = " ".join(claims.claim_memory(opts, 2, 4, "taylor")[0].missing)
+    printed = " ".join(claim_memory(opts, 2, 4, "taylor")[0].missing)
     assert "`python -m jensenkv.run -m " + " ".join(overrides) + "`" in printed  # what claims.md says to run
 
 

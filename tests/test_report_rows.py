@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from jensenkv.quant import QuantConfig
-from jensenkv.report.claims import build_report
-from jensenkv.report.table1 import build_table1
+from jensenkv.report.paper_claims import build_report
+from jensenkv.report.table1_build import build_table1
 
 from test_table1_rows import PROMPTS, SEEDS, write_run  # noqa: E402
 

@@ -10,7 +10,8 @@ import pytest
 
 from jensenkv.quant import QuantConfig
 from jensenkv.store.record_check import identity_labels
-from jensenkv.report.table1 import build_table1, main
+from jensenkv.report.table1 import main
+from jensenkv.report.table1_build import build_table1
 from jensenkv.hashing import config_hash
 from jensenkv.store.results import ResultsStore
 from report_testkit import explain_missing
@@ -175,7 +176,7 @@ def test_treatment_labels_name_the_correction_strength_and_calibration():
 def test_what_a_models_table_lacks_names_only_that_model(tmp_path):
     """``report.claims --model X`` on a store holding several models: its gaps are X's rows, not the others'."""
     from jensenkv.report.claims import claims_gaps
-    from jensenkv.report.table1 import missing_rows
+    from jensenkv.report.table1_build import missing_rows
 
     write_run(tmp_path, RTN, psnr=lambda i, s, r: 20.0)
     write_run(tmp_path, RTN, psnr=lambda i, s, r: 20.0, model="other")

@@ -103,9 +103,9 @@ def test_the_command_names_where_the_strips_are(two_models, tmp_path, capsys, mo
     assert f"1 strip of a-second-model (BF16 | quantized | taylor) under {tmp_path / 'v' / 'a-second-model'}" in out
     assert (tmp_path / "o" / "figures" / "video_strip.png").stat().st_size > 5_000
     before = (tmp_path / "o" / "figures" / "video_strip.png").read_bytes()
-    import jensenkv.report.table1 as table1
+    import jensenkv.report.table1_build as table1_build
 
-    monkeypatch.setattr(table1, "missing_rows", lambda *a, **k: ["rtn INT2 g32 (no run)"])
+    monkeypatch.setattr(table1_build, "missing_rows", lambda *a, **k: ["rtn INT2 g32 (no run)"])
     with pytest.raises(SystemExit, match=r"incomplete: video_strip is incomplete, missing: rtn INT2 g32 \(no run\)"):
         main(args)  # a store lacking part of Table 1: partial/, never over the committed figure
     assert (tmp_path / "o" / "figures" / "video_strip.png").read_bytes() == before

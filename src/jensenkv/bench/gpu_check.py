@@ -116,7 +116,8 @@ def _child(group: str, rows_path: Path, deadline: float, dry_run: bool) -> None:
     """Run one group here, appending each row to ``rows_path`` as one JSON line the moment it is known."""
     import torch
 
-    from jensenkv.bench.gpu_checks import GROUPS, CheckContext
+    from jensenkv.bench.gpu_check_context import CheckContext
+    from jensenkv.bench.gpu_checks import GROUPS
 
     if not dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu-check needs a CUDA GPU (torch.cuda.is_available() is False); "

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from jensenkv.eval.stats import ALPHA, holm, mean_interval, paired_difference, shift_test
-from jensenkv.report.claims import ONE_SIDED_LEVEL
+from jensenkv.report.claim_numbers import ONE_SIDED_LEVEL
 from jensenkv.exit_codes import EPILOG, FAILED, PARTIAL, guarded, stop
 from jensenkv.report.publish import Part, add_store_args, publish, recover_store, report_error, text_file
 from jensenkv.report.rows import cluster_means, setting_tags
@@ -177,8 +177,10 @@ def latex(table: pd.DataFrame) -> str:
 # --- claims --------------------------------------------------------------------------------------------------
 def claims_markdown(records: list[dict], windows: pd.DataFrame, corrections: list[str]) -> str:
     """Claims 1a, 1b and 2 for the LLM, with the claims report's Claim / Entry / verdict machinery."""
-    from jensenkv.report.claims import (Claim, FAILS, est_interval, fmt_interval, fmt_paired, margin_entry,
-                                        render_claim, superiority)
+    from jensenkv.report.claim_entries import Claim, margin_entry, superiority
+    from jensenkv.report.claim_numbers import est_interval, fmt_interval, fmt_paired
+    from jensenkv.report.claims_markdown import render_claim
+    from jensenkv.report.verdicts import FAILS
     from jensenkv.report.endpoints import ABOUT_ZERO
 
     tags = {row_name(r["labels"]): setting_tags(r["identity"]) for r in records}

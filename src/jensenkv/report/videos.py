@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(args: argparse.Namespace) -> None:
     from jensenkv.report.publish import Part, publish, recover_store, report_error
-    from jensenkv.report.table1 import missing_rows
+    from jensenkv.report.table1_build import missing_rows
 
     recover_store(args)
     try:
