@@ -180,12 +180,53 @@ class SlurmLauncher(SubmititSlurmLauncher):
             except Exception as e:  # noqa: BLE001 - the job's error, or SLURM ended it without a result
                 entry.reason = one_line(e)
             entry.state = job_state(job)
+            if entry.reason and entry.state in REQUEUE_STATES and wait_requeued(job):
+                # SLURM put the job back in the queue (its node was lost): its next attempt is its end
+                entry.reason, entry.state = None, sacct_state(str(job.job_id))
+                try:
+                    returns.append(job.results()[0])
+                except Exception as e:  # noqa: BLE001 - the requeued attempt ended without a result too
+                    entry.reason = one_line(e)
             if entry.reason:
                 log.warning("job %s (run %s) ended %s: %s", entry.job_id, run_id, entry.state, entry.reason)
         return returns
 
 
 STATE_SETTLE_S = 20  # how long an ended job may still read RUNNING/COMPLETING in sacct
+REQUEUE_STATES = ("NODE_FAIL", "PREEMPTED")  # ends SLURM may undo by requeueing the job (JobRequeue=1)
+REQUEUE_NOTICE_S = 60  # how long SLURM may take to put such a job back in the queue
+
+
+def sacct_state(job_id: str) -> str:
+    """sacct's current state of a job, asked directly (submitit's watcher stops asking once a job ended)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return "UNKNOWN"
+    return out[-1].split()[0] if out and out[-1].strip() else "UNKNOWN"
+
+
+def wait_requeued(job: Any) -> bool:
+    """Whether SLURM requeued a job that lost its node (or was preempted); if it did, after that attempt ended
+    (its own time limit bounds the wait). False: the job's end is final."""
+    import time
+
+    job_id = str(job.job_id)
+    deadline = time.monotonic() + REQUEUE_NOTICE_S
+    state = sacct_state(job_id)
+    while state in REQUEUE_STATES and time.monotonic() < deadline:
+        time.sleep(2)
+        state = sacct_state(job_id)
+    if state in REQUEUE_STATES or state == "UNKNOWN":
+        return False
+    log.info("SLURM job %s was requeued after losing its node: waiting for its next attempt", job_id)
+    while state in ACTIVE_STATES:
+        time.sleep(5)
+        state = sacct_state(job_id)
+    return True
 
 
 def job_state(job: Any) -> str:
