@@ -39,10 +39,12 @@ def squeue() -> dict[str, str]:
 
 
 def sacct_since(start: str) -> dict[str, str]:
-    """job id -> sacct's state (first word) of every job (not step) that started or ended since ``start``."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-S", start], capture_output=True,
+    """job id -> sacct's state (first word) of every job (not step) submitted since ``start`` (sacct -S alone
+    also lists an earlier job still running then). Times are sacct's ISO format, so they compare as text."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,Submit", "-S", start], capture_output=True,
                          text=True).stdout
-    return {job: state.split()[0] for job, state in (line.split("|") for line in out.splitlines() if "|" in line)}
+    rows = (line.split("|") for line in out.splitlines() if line.count("|") == 2)
+    return {job: state.split()[0] for job, state, submit in rows if submit >= start}
 
 
 def wait_for_running(min_s: float = 0, timeout: float = 240) -> str:
