@@ -7,17 +7,13 @@ session-scoped; adapters are cheap and built per test, since tests change their 
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-WAN_TEST_CONFIG = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
-                   "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2,
-                   "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
-WAN_FRAME = (4, 16, 16)  # (C, H, W) of one latent frame of the tiny Wan-family models
+from wan_testkit import WAN_FRAME, WAN_TEST_CONFIG, encode_prompt  # noqa: F401 - the tests' shared sizes
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,12 +25,6 @@ def _offline_hub():
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import, so set it too
         yield
-
-
-def encode_prompt(prompts: list[str]) -> torch.Tensor:
-    """A deterministic stand-in text encoder: (B, 12, 16), seeded by the prompt text."""
-    return torch.stack([torch.randn(12, 16, generator=torch.Generator().manual_seed(zlib.crc32(p.encode())))
-                        for p in prompts])
 
 
 @pytest.fixture

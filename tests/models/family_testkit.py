@@ -75,7 +75,7 @@ def write_tiny_diffusers_folder(folder: Path, transformer_class: str) -> Path:
     from tokenizers.pre_tokenizers import Whitespace
     from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
-    from conftest import WAN_TEST_CONFIG
+    from wan_testkit import WAN_TEST_CONFIG
 
     torch.manual_seed(0)
     transformer = {**WAN_TEST_CONFIG, "attention_head_dim": DIFFUSERS_HEAD_DIM, "in_channels": 16,

@@ -10,7 +10,7 @@ import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from omegaconf import OmegaConf
 
-from conftest import WAN_TEST_CONFIG
+from wan_testkit import WAN_TEST_CONFIG
 from jensenkv.models.config import RunGenerationConfig
 from jensenkv.generation.loop import generate_video
 from jensenkv.models import build_adapter

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import WAN_FRAME
+from wan_testkit import WAN_FRAME
 from jensenkv.attention import ATTENTION_BACKENDS, cached_attention, reference_attention
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.generation.loop import generate_video

@@ -11,7 +11,7 @@ from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 from diffusers.hooks import HookRegistry
 from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2AttnProcessor
 
-from conftest import WAN_FRAME as FRAME, WAN_TEST_CONFIG as TEST_CONFIG, encode_prompt
+from wan_testkit import WAN_FRAME as FRAME, WAN_TEST_CONFIG as TEST_CONFIG, encode_prompt
 from jensenkv.cache import CacheConfig
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.attention.config import AttentionConfig
