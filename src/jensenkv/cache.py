@@ -294,19 +294,6 @@ def _video_of(stored: QuantizedTensor, b: int) -> QuantizedTensor:
     return stored.video(b) if isinstance(stored, GivenTensor) else video_of(stored, b)
 
 
-# The names of the two former segment types (a cache's view, a hand-built one): both are ``Segment`` now.
-
-
-def video_segment(seg: Segment, b: int) -> Segment:
-    """Video b's rows of a cached segment (``Segment.video``)."""
-    return seg.video(b)
-
-
-def expand_segment(seg: Segment, groups: int) -> Segment:
-    """A cached chunk with its KV heads repeated for the query heads of each group (``Segment.expanded``)."""
-    return seg.expanded(groups)
-
-
 class ChunkedKVCache:
     """KV cache of one attention layer, one chunk per `commit`."""
 

@@ -4,7 +4,7 @@ Both model families call these from their cached attention layers. Two things de
 rather than on one row, so they run video by video: the exact correction (its series is normalized by the
 largest |q| and step of the call, and its length chosen from them, so a video's rounding would depend on the
 others, and 1e-7 can flip an INT2 code at the next commit), and the probes (their statistics are means over
-the batch). Each video reads its own stored chunks through ``cache.video_segment``, so the fast paths run
+the batch). Each video reads its own stored chunks through ``Segment.video``, so the fast paths run
 on it exactly as alone.
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.attention.diagnostics import head_shift_moments, segment_diagnostics
 from jensenkv.attention.probes import attention_probes
-from jensenkv.cache import video_segment
 
 
 def attend_videos(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -34,7 +33,7 @@ def attend_videos(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch
         kwargs["scale"] = scale
     if settings.correction != "exact" or q.shape[0] == 1 or not segments:
         return attend(q, k, v, segments, **kwargs)
-    return torch.cat([attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], [video_segment(seg, b) for seg in segments],
+    return torch.cat([attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], [seg.video(b) for seg in segments],
                              **kwargs) for b in range(q.shape[0])])
 
 
@@ -51,7 +50,7 @@ def probe_videos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Se
         own = slice(sample, sample + 1)
         q_s, k_s, v_s = (q, k, v) if q.shape[0] == 1 else (q[own], k[own], v[own])  # (1, H, T, D)
         out_s = attended if attended is None or q.shape[0] == 1 else attended[own]  # (1, H, T, Dv)
-        segs = list(segments) if q.shape[0] == 1 else [video_segment(seg, sample) for seg in segments]
+        segs = list(segments) if q.shape[0] == 1 else [seg.video(sample) for seg in segments]
         values = attention_probes(q_s, k_s, v_s, segs, settings.correction, strength=strength,
                                   second_order=settings.second_order, attended=out_s, causal=causal,
                                   scale=scale)

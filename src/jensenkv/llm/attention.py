@@ -21,7 +21,6 @@ import torch
 from jensenkv.attention.backends import get_backend
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.attention.videos import attend_videos, probe_videos
-from jensenkv.cache import expand_segment, video_segment
 from jensenkv.correction import group_bias
 from jensenkv.llm.cache import owner_of
 
@@ -60,7 +59,7 @@ def jensenkv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     layer = owner_of(key)
     groups = query.shape[1] // key.shape[1]
     stored = layer.segments() if layer is not None else []
-    segments = [expand_segment(seg, groups) for seg in stored]  # (B, H, K_i, D) views for this call only
+    segments = [seg.expanded(groups) for seg in stored]  # (B, H, K_i, D) views for this call only
     n_cached = layer.store.num_tokens if layer is not None else 0  # the visible chunks' tokens (no dequantizing)
     _check_mask(attention_mask, query.shape[2], n_cached + key.shape[2])
     k_cur = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (B, H, R, D)
@@ -77,7 +76,7 @@ def jensenkv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         for record in probe_videos(query, k_cur, v_cur, segments, settings, strength, attended=out, causal=True,
                                    scale=scaling):
             stats = head_statistics(query[record["sample"]:record["sample"] + 1],
-                                    [video_segment(seg, record["sample"]) for seg in segments], scaling) \
+                                    [seg.video(record["sample"]) for seg in segments], scaling) \
                 if settings.diagnostics else {}
             layer.cache.probe_records.append({"layer": layer.layer_idx, **record, **stats})
     return out.transpose(1, 2).contiguous(), None  # (B, Q, H, Dv)

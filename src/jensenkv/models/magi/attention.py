@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment, expand_segment
+from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment
 from jensenkv.attention.config import layer_strengths
 from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.attention.backends import get_backend, reads_kv_heads
@@ -69,7 +69,7 @@ class MagiLayerCaches:
     def segments(self, layer: int) -> list[Segment]:
         """Layer's visible cached chunks, GQA-expanded to the query heads for this call only: the cache keeps
         the KV heads' stored form, the expanded copies live as long as the attention call that reads them."""
-        return [expand_segment(seg, self.groups) for seg in self.caches[layer].segments()]
+        return [seg.expanded(self.groups) for seg in self.caches[layer].segments()]
 
     def stored_segments(self, layer: int) -> list[Segment]:
         """Layer's visible cached chunks as the cache's views, KV heads as stored (nothing expanded or copied)."""
@@ -105,7 +105,7 @@ class WindowAttention:
         tokens = q.shape[2] // len(self.window)
         native = caches.reads_kv_heads()
         stored = caches.stored_segments(layer) if self.use_cache else []
-        cached = stored if native else [expand_segment(seg, groups) for seg in stored]
+        cached = stored if native else [seg.expanded(groups) for seg in stored]
         fn = caches.attention_fn()
         outs = []
         for position, chunk in enumerate(self.window):
@@ -121,7 +121,7 @@ class WindowAttention:
             if segments and chunk.step is not None and caches.probing(layer, chunk.step):
                 if native:  # the probes read query heads
                     k_c, v_c = k_c.repeat_interleave(groups, dim=1), v_c.repeat_interleave(groups, dim=1)
-                    segments = [expand_segment(seg, groups) for seg in segments]
+                    segments = [seg.expanded(groups) for seg in segments]
                 self._record_probes(layer, chunk, q_c, k_c, v_c, segments, outs[-1])
         if self.commit_position is not None:
             rows = slice(self.commit_position * tokens, (self.commit_position + 1) * tokens)

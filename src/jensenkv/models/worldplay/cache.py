@@ -36,7 +36,7 @@ import torch
 from jensenkv.attention.backends import get_backend
 from jensenkv.attention.config import AttentionConfig, layer_strengths
 from jensenkv.attention.videos import attend_videos, probe_videos
-from jensenkv.cache import BF16_BYTES, CacheConfig, ChunkedKVCache, video_segment
+from jensenkv.cache import BF16_BYTES, CacheConfig, ChunkedKVCache
 from jensenkv.models.worldplay.blocks import VisionQKV, sdpa
 from jensenkv.models.worldplay.config import MEMORY_MODES
 from jensenkv.models.worldplay.model import CameraInputs, TextInputs, TextKV, WorldPlayTransformer
@@ -271,7 +271,7 @@ class WorldPlayCaches:
                 parts = [(q, torch.cat([rows[0].to(k.dtype), k], 2), torch.cat([rows[1].to(v.dtype), v], 2), segments)]
             else:  # prompts of different lengths: one video at a time, each on its own stored rows
                 parts = [(q[b:b + 1], torch.cat([tk.to(k.dtype), k[b:b + 1]], 2), torch.cat([tv.to(v.dtype), v[b:b + 1]], 2),
-                          [video_segment(s, b) for s in segments]) for b, (tk, tv) in enumerate(self.text[layer].kv)]
+                          [s.video(b) for s in segments]) for b, (tk, tv) in enumerate(self.text[layer].kv)]
         outs = []
         for b, (q_b, k_b, v_b, segs) in enumerate(parts):
             outs.append(attend_videos(fn, q_b, k_b, v_b, segs, self.attention, strength))
