@@ -1,6 +1,8 @@
 """hydra/launcher=slurm: partition and account overridable (command line or environment), requeue on timeout."""
 from __future__ import annotations
 
+import pytest
+
 from jensenkv.run.cli import compose_config
 
 
@@ -226,3 +228,42 @@ def test_a_node_configuration_refusal_names_the_resource_no_node_offers(tmp_path
     assert refused_setting(message, {"gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 64}) == ("mem_gb", 64)
     assert refused_setting(message, {"gpus_per_node": 0, "cpus_per_task": 8, "mem_gb": 2}) == ("cpus_per_task", 8)
     assert refused_setting(message, {"gpus_per_node": 1, "cpus_per_task": 1, "mem_gb": 2}) == ("gpus_per_node", 1)
+
+
+class _LostNodeJob:
+    """A submitit job whose first attempt lost its node: results() fails until a requeued attempt ran."""
+
+    job_id = "5_0"
+
+    def __init__(self, requeued_result):
+        self.calls = 0
+        self.requeued_result = requeued_result
+
+    def results(self):
+        self.calls += 1
+        if self.calls == 1 or self.requeued_result is None:
+            raise RuntimeError("Job 5_0 has not produced any output (state: NODE_FAIL)")
+        return [self.requeued_result]
+
+    def get_info(self, mode="force"):
+        return {"State": "NODE_FAIL"}  # submitit's watcher stops asking once a job ended
+
+
+@pytest.mark.parametrize("requeued", [True, False], ids=["requeued", "not_requeued"])
+def test_a_job_that_lost_its_node_is_waited_for_when_slurm_requeues_it(requeued, monkeypatch):
+    """sacct says NODE_FAIL, then (requeued) PENDING, RUNNING, COMPLETED: the summary's end is the last
+    attempt's; a job SLURM did not requeue keeps its NODE_FAIL and the reason."""
+    import jensenkv.run.slurm_launcher as launcher
+
+    states = iter(["NODE_FAIL", "PENDING", "RUNNING", "COMPLETED", "COMPLETED"] if requeued else [])
+    monkeypatch.setattr(launcher, "sacct_state", lambda job_id: next(states, "NODE_FAIL"))
+    monkeypatch.setattr(launcher, "REQUEUE_NOTICE_S", 0.05)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    monkeypatch.setattr(launcher, "_SWEEP", {"run0": launcher.SweepJob("run0", "5_0")})
+    job = _LostNodeJob("record" if requeued else None)
+    returns = launcher.SlurmLauncher._wait([job], ["run0"])
+    entry = launcher.sweep_jobs()["run0"]
+    if requeued:
+        assert returns == ["record"] and entry.state == "COMPLETED" and entry.reason == "" and job.calls == 2
+    else:
+        assert returns == [] and entry.state == "NODE_FAIL" and "NODE_FAIL" in entry.reason and job.calls == 1

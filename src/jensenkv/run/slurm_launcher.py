@@ -182,7 +182,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             entry.state = job_state(job)
             if entry.reason and entry.state in REQUEUE_STATES and wait_requeued(job):
                 # SLURM put the job back in the queue (its node was lost): its next attempt is its end
-                entry.reason, entry.state = None, sacct_state(str(job.job_id))
+                entry.reason, entry.state = "", sacct_state(str(job.job_id))
                 try:
                     returns.append(job.results()[0])
                 except Exception as e:  # noqa: BLE001 - the requeued attempt ended without a result too
