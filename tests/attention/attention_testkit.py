@@ -5,7 +5,9 @@ Segments are ``jensenkv.cache.Segment.from_tensors`` (the attention paths read o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+import pytest
 import torch
 
 from jensenkv.cache import Segment
@@ -101,3 +103,23 @@ class AllocationCounter:
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+
+
+# Interpreted Triton costs seconds per case on a CPU. The fast suite keeps a cover (every value of either axis in
+# at least one case); the rest of a grid is `slow` (make test-full) and `gpu` (make gpu-check, where it is cheap).
+GRID_REST = (pytest.mark.slow, pytest.mark.gpu)
+
+
+def pairwise_cover(first: Sequence, second: Sequence) -> list:
+    """pytest params for first x second: pair i = (first[i], second[i % len(second)]) (and the other way round
+    when ``second`` is longer) runs in the fast suite; every other pair is marked ``GRID_REST``."""
+    n = max(len(first), len(second))
+    cover = {(first[i % len(first)], second[i % len(second)]) for i in range(n)}
+    return [pytest.param(a, b, marks=() if (a, b) in cover else GRID_REST) for a in first for b in second]
+
+
+def one_fast(values: Sequence, fast) -> list:
+    """pytest params for ``values``: ``fast`` runs in the fast suite, the others are marked ``GRID_REST``."""
+    if fast not in values:
+        raise ValueError(f"{fast!r} is not one of {list(values)}")
+    return [pytest.param(v, marks=() if v == fast else GRID_REST) for v in values]

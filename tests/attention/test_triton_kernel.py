@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_testkit import AllocationCounter, relative_error
+from attention_testkit import GRID_REST, AllocationCounter, one_fast, pairwise_cover, relative_error
 from jensenkv.attention import reference_attention
 from jensenkv.attention.triton_kernel import triton_cached_attention
 from jensenkv.cache import CacheConfig, Segment, ChunkedKVCache
@@ -82,8 +82,10 @@ def oracle(q, k, v, segments, correction, strength=1.0):
                                expand_heads(segments, group), correction, strength=strength)
 
 
-@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
-@pytest.mark.parametrize("config", list(CONFIGS))
+CORRECTIONS = ("taylor", "exact", "none")  # in this order the cover gives "none" to layouts without a bias path
+
+
+@pytest.mark.parametrize(("config", "correction"), pairwise_cover(list(CONFIGS), CORRECTIONS))
 def test_triton_matches_oracle(config: str, correction: str, triton_device: str) -> None:
     segments = build(config, device=triton_device)
     q, k, v = inputs(2, 2, device=triton_device, q_scale=Q_SCALE.get(config, 2.0))
@@ -221,7 +223,8 @@ def test_triton_backend_in_the_processor_matches_cached(triton_device: str) -> N
     assert relative_error(outputs["triton"], outputs["cached"]) <= 1e-4
 
 
-@pytest.mark.parametrize(("correction", "key_scale"), [("taylor", 1.0), ("exact", 1.0), ("exact", 40.0)])
+@pytest.mark.parametrize(("correction", "key_scale"), [("taylor", 1.0), pytest.param("exact", 1.0, marks=GRID_REST),
+                                                      ("exact", 40.0)])  # exact at 1.0 folds like taylor
 def test_triton_head_strengths_equal_a_loop_of_float_strengths(correction: str, key_scale: float,
                                                                triton_device: str) -> None:
     """A (Hq,) strength on 4 query heads over 2 KV heads: folded into the bias columns (taylor, series) or
@@ -279,8 +282,7 @@ def paper_case(name: str, device: str = "cpu", amp: float | None = None, batch: 
     return q.to(device), k_cur, v_cur, segments
 
 
-@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
-@pytest.mark.parametrize("case", list(PAPER_CASES))
+@pytest.mark.parametrize(("case", "correction"), pairwise_cover(list(PAPER_CASES), CORRECTIONS))
 def test_triton_matches_the_oracle_at_the_papers_shapes_scaled_down(case: str, correction: str,
                                                                     triton_device: str) -> None:
     q, k, v, segments = paper_case(case, triton_device)
@@ -309,7 +311,7 @@ def per_call_bytes(q, k, v, segments, correction: str) -> int:
     return counter.bytes
 
 
-@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+@pytest.mark.parametrize("correction", one_fast(CORRECTIONS, "exact"))
 def test_a_call_allocates_nothing_proportional_to_the_cache(correction: str, triton_device: str) -> None:
     """Bytes of tensors created per call, with 2 and with 6 cached chunks (a sink + INT2 chunks, a window
     selecting from the layer buffers): equal, and bounded by the queries' size. Control: the same chunks handed over
@@ -334,7 +336,7 @@ def test_a_call_allocates_nothing_proportional_to_the_cache(correction: str, tri
     assert per_call_bytes(q, k, v, mixed, correction) >= per_call["large"] + codes
 
 
-@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+@pytest.mark.parametrize("correction", one_fast(CORRECTIONS, "exact"))
 def test_a_cached_call_reads_nothing_back_to_the_host(correction: str, host_reads, triton_device: str) -> None:
     """No .item / .tolist / bool / float / int of a tensor inside a call (each would be a device sync on a GPU):
     the exact bias picks series or elementwise per tile on the device, and its series length from the dtype."""
