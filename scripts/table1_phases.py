@@ -1,7 +1,10 @@
 """Where `make reproduce-table1`'s time goes, phase by phase, from a py-spy profile of the whole command.
 
-    .venv/bin/py-spy record -r 10 --subprocesses -f raw -o table1.raw -- make reproduce-table1
+    .venv/bin/py-spy record -r 10 --subprocesses --nonblocking -f raw -o table1.raw -- make reproduce-table1
     .venv/bin/python scripts/table1_phases.py table1.raw [--rate 10]
+
+--nonblocking matters: py-spy otherwise stops every thread of a process to sample it, and a worker that starts
+ffmpeg (an mp4) then hangs in exec, waiting for threads py-spy holds stopped.
 
 Each sample of every process (the sweep's workers included) is assigned to the first phase whose pattern its
 stack matches. A phase's seconds are its samples over the rate: process time while the interpreter was busy,
