@@ -232,6 +232,15 @@ def test_calibrate_then_run_end_to_end(tmp_path: Path, tiny_weights: Path, monke
     assert all(se is not None and se >= 0 for row in content["std_error"] for se in row)  # two videos: clusters
     assert content["git_commit"] and content["created_at"] and content["jensenkv_version"]
     assert content["identity"]["correction"] == "taylor" and content["quantizer"] == "rtn"
+    # a rerun of the same fit leaves the file as it is, its provenance included; a file holding another fit is
+    # rewritten
+    same = [*fast, f"model.weights_dir={tiny_weights}", f"paths.results_dir={tmp_path}", "correction=taylor",
+            "eval.num_prompts=2"]
+    earlier = out.read_text().replace(content["created_at"], "2026-01-01T00:00:00+00:00")
+    out.write_text(earlier)
+    assert calibrate_overrides(same) == out and out.read_text() == earlier
+    out.write_text(json.dumps({**content, "strengths": [[0.5]] * 4}))
+    assert calibrate_overrides(same) == out and json.loads(out.read_text())["strengths"] == content["strengths"]
 
     seen = []
 
