@@ -59,3 +59,12 @@ def build_results_fixture(results_dir: Path, weights_dir: Path,
     from jensenkv.run import run_overrides
 
     return [run_overrides(fast_overrides(results_dir, weights_dir, *extra)) for extra in runs]
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """preexec_fn for a child that the test interrupts with SIGINT: Ctrl-C at its default, as a terminal starts a
+    command. A shell's background job (`make test &`, `nohup`) starts its children with SIGINT ignored, and the
+    suite's commands rightly keep an ignored Ctrl-C ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline_testkit import ctrl_c_as_in_a_terminal
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bad_inputs", ROOT / "scripts" / "bad_inputs.py")
 bad_inputs = importlib.util.module_from_spec(_spec)
@@ -77,7 +79,8 @@ def _python_m_run(args: list[str], tmp_path: Path, **env: str):
 
     return subprocess.Popen([sys.executable, "-m", "jensenkv.run", *args], cwd=tmp_path, text=True,
                             env={**os.environ, "WANDB_MODE": "disabled", "JENSENKV_RESULTS": str(tmp_path / "r"),
-                                 **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=ctrl_c_as_in_a_terminal)
 
 
 def test_help_shows_with_a_bad_variable_in_the_environment(tmp_path):

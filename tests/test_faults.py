@@ -21,7 +21,7 @@ from jensenkv.run.summary import PlannedRun, run_with_summary, summarize
 from jensenkv.store.lock import FileLock, LockError
 from jensenkv.store.results import ResultsStore
 
-from pipeline_testkit import fast_overrides  # noqa: E402
+from pipeline_testkit import ctrl_c_as_in_a_terminal, fast_overrides  # noqa: E402
 
 
 def _spec(results: Path, weights: Path, *extra: str):
@@ -293,7 +293,8 @@ def _wait_for(results: Path, pattern: str, proc: subprocess.Popen, timeout: floa
 def test_ctrl_c_in_a_sweep_is_one_line_and_the_summary_and_the_rerun_resumes(tmp_path, tiny_weights):
     args = _sweep(tmp_path, tiny_weights, "correction=none,taylor", "eval.num_prompts=4", "generation.batch_size=1")
     proc = subprocess.Popen(args, env=_env(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     _wait_for(tmp_path / "results", "runs/*/prompts/0000.json", proc)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
     _, err = proc.communicate(timeout=60)
