@@ -92,6 +92,21 @@ def test_strips_are_written_as_video_and_contact_sheet(two_models, tmp_path):
         assert (panel.float() - expected.float()).abs().mean() < 8  # the right video in each column
 
 
+@pytest.mark.slow
+def test_strips_written_on_a_pool_equal_those_written_here(two_models, tmp_path):
+    """make reproduce-table1 writes the strips on every core: the same files, byte for byte, in the same order."""
+    results, _ = two_models
+    rows = ["rtn INT2 g32", "rtn INT4 g32"]
+    here = write_strips(results, tmp_path / "here", rows=rows, workers=1)
+    pool = write_strips(results, tmp_path / "pool", rows=rows, workers=2)
+    assert len(here[1]) >= 2 and [p.relative_to(tmp_path / "here") for p in here[1]] == \
+        [p.relative_to(tmp_path / "pool") for p in pool[1]] and here[2] == pool[2]
+    for path in here[1]:
+        twin = tmp_path / "pool" / path.relative_to(tmp_path / "here")
+        assert path.read_bytes() == twin.read_bytes()
+        assert path.with_suffix(".png").read_bytes() == twin.with_suffix(".png").read_bytes()
+
+
 def test_the_command_names_where_the_strips_are(two_models, tmp_path, capsys, monkeypatch):
     from jensenkv.report.videos import main
 

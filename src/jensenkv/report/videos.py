@@ -12,6 +12,7 @@ scored against (``refs/<reference_id>.pt``). Each panel is enlarged by an intege
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -197,33 +198,47 @@ def contact_sheet(strip: Strip, videos, frames: int = SHEET_FRAMES):
     return fig
 
 
-def write_strips(results_dir: str | Path, out_dir: str | Path | None = None, model: str | None = None,
-                 correction: str = "taylor", fps: float | None = None,
-                 rows: list[str] | None = None) -> tuple[str | None, list[Path], list[str]]:
-    """Write every strip's mp4 and contact sheet; (model, the mp4 paths, the rows skipped and why)."""
+def write_strip(strip: Strip, folder: Path, name: str, fps: float | None) -> Path | str:
+    """One strip's mp4 and contact sheet under ``folder``; the mp4's path, or why there is no strip."""
     import matplotlib.pyplot as plt
 
+    try:
+        video, panels = strip_video(strip)
+    except (OSError, ValueError) as e:
+        return f"{strip.title}: {e}"
+    path = save_mp4(video, folder / f"{name}.mp4", fps or mp4_fps(strip.panels[1].path))
+    fig = contact_sheet(strip, panels)
+    atomic_write(folder / f"{name}.png", lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return path
+
+
+def write_strips(results_dir: str | Path, out_dir: str | Path | None = None, model: str | None = None,
+                 correction: str = "taylor", fps: float | None = None, rows: list[str] | None = None,
+                 workers: int = 1) -> tuple[str | None, list[Path], list[str]]:
+    """Write every strip's mp4 and contact sheet, on ``workers`` processes; (model, the mp4 paths in the plan's
+    order, the rows skipped and why)."""
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / STRIP_DIR
     model, strips, skipped = plan_strips(results_dir, model, correction, rows)
-    written, names = [], set()
+    jobs, names = [], set()
     for strip in strips:
         folder = out / slug(strip.model) / f"{slug(strip.row)}_{slug(strip.correction)}"
         name = slug(strip.prompt)
         while (folder, name) in names:  # two prompts with one slug
             name += "-"
         names.add((folder, name))
-        try:
-            video, panels = strip_video(strip)
-        except (OSError, ValueError) as e:
-            skipped.append(f"{strip.title}: {e}")
-            continue
-        path = save_mp4(video, folder / f"{name}.mp4", fps or mp4_fps(strip.panels[1].path))
-        fig = contact_sheet(strip, panels)
-        atomic_write(folder / f"{name}.png", lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
-        plt.close(fig)
-        written.append(path)
-    return model, written, skipped
+        jobs.append((strip, folder, name, fps))
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = list(pool.map(write_strip, *zip(*jobs)))
+    else:
+        done = [write_strip(*job) for job in jobs]
+    skipped += [why for why in done if isinstance(why, str)]
+    return model, [path for path in done if isinstance(path, Path)], skipped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,10 +254,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--row", action="append", default=None,
                         help='only this row (repeatable), named as in claims.md, e.g. "rtn INT2 g32" (default: all)')
     parser.add_argument("--fps", type=float, default=None, help="frames per second (default: the runs' videos')")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes that write the strips (default: the usable CPU cores)")
     parser.add_argument("--figure", action="store_true",
                         help="also publish the first strip's contact sheet as <out>/figures/video_strip.png "
                              "(from a store holding all of Table 1; else under <out>/partial/)")
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers={args.workers} is not allowed: it must be >= 1")
     guarded(lambda: _main(args))
 
 
@@ -253,7 +272,7 @@ def _main(args: argparse.Namespace) -> None:
     recover_store(args)
     try:
         model, written, skipped = write_strips(args.results, args.strips, args.model, args.correction, args.fps,
-                                               args.row)
+                                               args.row, args.workers or len(os.sched_getaffinity(0)))
     except (FileNotFoundError, ValueError) as e:
         report_error(e)
     for line in skipped:
