@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import pytest
 
 from jensenkv.run import noise_floor
 from pipeline_testkit import fast_overrides
@@ -31,14 +30,3 @@ def test_noise_floor_rows_with_a_no_op_control(tmp_path, tiny_weights, monkeypat
     assert by.loc[("rtn INT2 g32 none", "float32 cache"), "d_psnr_vs_bf16"].map(math.isfinite).all()
     rotated = by.loc[("quarot+rtn INT2 g32 none", "another rotation seed")]
     assert not rotated["identical"].any() and rotated["d_psnr_vs_bf16"].ne(0).all()  # another rotation, another video
-
-
-@pytest.mark.slow
-def test_the_video_sets_made_on_a_pool_equal_those_made_here(tmp_path, tiny_weights, monkeypatch):
-    """make reproduce-table1 runs the noise floor on every core: each task fixes its threads, seeds and batch, so
-    the CSV is byte-identical to the one made in one process."""
-    monkeypatch.setattr(noise_floor, "BASES", {k: noise_floor.BASES[k] for k in ("bf16", "quarot+rtn INT2 g32 none")})
-    overrides = [o for o in fast_overrides(tmp_path, tiny_weights) if not o.startswith("eval.metrics")]
-    here = noise_floor.write_noise_floor([*overrides, "eval.num_prompts=2"], tmp_path / "here.csv", workers=1)
-    pool = noise_floor.write_noise_floor([*overrides, "eval.num_prompts=2"], tmp_path / "pool.csv", workers=2)
-    assert here.read_bytes() == pool.read_bytes() and len(pd.read_csv(pool)) == (2 * 3 + 1) * 2

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,74 +67,52 @@ def videos(spec: Any, batch_size: int = 1) -> list[Any]:
     return out
 
 
-def videos_of(overrides: Sequence[str], batch_size: int = 1) -> list[Any]:
-    """``videos`` of the spec ``overrides`` compose to, probes off (they do not change the videos); a pool's task."""
-    from jensenkv.config.resolve import build_spec
-    from jensenkv.run import compose_config
-
-    return videos(build_spec(compose_config([*overrides, "eval.metrics=[psnr]"])), batch_size)
-
-
-def batch_of(extra: Sequence[str]) -> int:
-    sizes = [int(o.split("=", 1)[1]) for o in extra if o.startswith("generation.batch_size=")]
-    return sizes[0] if sizes else 1
-
-
-def generate_all(tasks: Sequence[tuple[list[str], int]], workers: int) -> list[list[Any]]:
-    """``videos_of`` per (overrides, batch size), in order: on ``workers`` fresh processes (spawned, so each sets
-    its own torch threads), or here when ``workers`` is 1. Each task fixes its own threads, seeds and batch, so
-    where it runs does not change its videos."""
-    if workers <= 1:
-        return [videos_of(overrides, batch) for overrides, batch in tasks]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(videos_of, *zip(*tasks)))
-
-
-def measure(overrides: Sequence[str] = (), workers: int = 1) -> list[dict]:
+def measure(overrides: Sequence[str] = ()) -> list[dict]:
     """The rows of ``COLUMNS`` for ``overrides`` (composed as ``python -m jensenkv.run`` composes them, with
-    attention probes off: they do not change the videos); the videos made on ``workers`` processes."""
-    from jensenkv.config.resolve import build_spec
+    attention probes off: they do not change the videos)."""
     from jensenkv.eval.fidelity import video_psnr
     from jensenkv.run import compose_config
+    from jensenkv.config.resolve import build_spec
+
+    def spec_of(*extra: str) -> Any:
+        return build_spec(compose_config([*overrides, "eval.metrics=[psnr]", *extra]))
+
+    def batch_of(extra: Sequence[str]) -> int:
+        sizes = [int(o.split("=", 1)[1]) for o in extra if o.startswith("generation.batch_size=")]
+        return sizes[0] if sizes else 1
 
     def psnr(a: Any, b: Any) -> float:
         return video_psnr(a.float() / 255, b.float() / 255)
 
-    moves = [(base, name, extra) for base in BASES
-             for name, extra in {**PERTURBATIONS, **BASE_PERTURBATIONS.get(base, {})}.items()]
-    tasks = [([*overrides, *base_overrides], 1) for base_overrides in BASES.values()]  # each base as it runs
-    tasks += [([*overrides, *BASES[base], *extra], batch_of(extra)) for base, _, extra in moves]
-    log.info("noise floor: %d video sets on %d process%s", len(tasks), workers, "es" if workers > 1 else "")
-    made = generate_all(tasks, workers)
-    plain = dict(zip(BASES, made))  # base -> its videos
-    bf16 = plain["bf16"]
-    bf16_spec = build_spec(compose_config([*overrides, *BASES["bf16"], "eval.metrics=[psnr]"]))
+    bf16_spec = spec_of(*BASES["bf16"])
+    bf16 = videos(bf16_spec)
     jobs = [(p, s) for p in bf16_spec.prompts for s in bf16_spec.eval.seeds]
     rows = []
-    for (base, name, _), moved in zip(moves, made[len(BASES):]):
-        for (prompt, seed), x, y, ref in zip(jobs, moved, plain[base], bf16):
-            level = psnr(x, y)
-            row = {"base": base, "perturbation": name, "prompt": prompt, "seed": seed,
-                   "psnr_vs_unperturbed": level, "identical": not math.isfinite(level),
-                   "psnr_vs_bf16": math.nan, "d_psnr_vs_bf16": math.nan}
-            if base != "bf16":
-                row["psnr_vs_bf16"] = psnr(x, ref)
-                row["d_psnr_vs_bf16"] = row["psnr_vs_bf16"] - psnr(y, ref)
-            rows.append(row)
+    for base, base_overrides in BASES.items():
+        plain = bf16 if base == "bf16" else videos(spec_of(*base_overrides))
+        for name, extra in {**PERTURBATIONS, **BASE_PERTURBATIONS.get(base, {})}.items():
+            log.info("noise floor: %s, %s", base, name)
+            moved = videos(spec_of(*base_overrides, *extra), batch_of(extra))
+            for (prompt, seed), x, y, ref in zip(jobs, moved, plain, bf16):
+                level = psnr(x, y)
+                row = {"base": base, "perturbation": name, "prompt": prompt, "seed": seed,
+                       "psnr_vs_unperturbed": level, "identical": not math.isfinite(level),
+                       "psnr_vs_bf16": math.nan, "d_psnr_vs_bf16": math.nan}
+                if base != "bf16":
+                    row["psnr_vs_bf16"] = psnr(x, ref)
+                    row["d_psnr_vs_bf16"] = row["psnr_vs_bf16"] - psnr(y, ref)
+                rows.append(row)
     return rows
 
 
-def write_noise_floor(overrides: Sequence[str] = (), out: str | Path | None = None, workers: int = 1) -> Path:
+def write_noise_floor(overrides: Sequence[str] = (), out: str | Path | None = None) -> Path:
     """``measure`` -> CSV (atomically) at ``out`` (default: <paths.results_dir>/noise_floor.csv)."""
     import pandas as pd
 
     from jensenkv.run import compose_config
     from jensenkv.store.files import atomic_write
 
-    rows = measure(overrides, workers)
+    rows = measure(overrides)
     path = Path(out) if out is not None else Path(compose_config(list(overrides)).paths.results_dir) / "noise_floor.csv"
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     return atomic_write(path, lambda f: frame.to_csv(f, index=False, float_format="%.6g"), mode="w")
@@ -148,14 +125,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jensenkv.run.noise_floor", description=__doc__.split("\n\n")[0],
                                      epilog=EPILOG)
     parser.add_argument("--out", help="CSV path (default: <paths.results_dir>/noise_floor.csv)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="processes that generate the video sets (default: the usable CPU cores)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m jensenkv.run")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.workers is not None and args.workers < 1:
-        parser.error(f"--workers={args.workers} is not allowed: it must be >= 1")
-    workers = args.workers or len(os.sched_getaffinity(0))
-    run_command(args.overrides, lambda: write_noise_floor(args.overrides, args.out, workers))
+    run_command(args.overrides, lambda: write_noise_floor(args.overrides, args.out))
 
 
 if __name__ == "__main__":
