@@ -59,11 +59,12 @@ text: ## the LLM experiment's texts (Debian dict-devil, python3.11-doc): apt-get
 		mkdir -p .text && cd .text && apt-get download $(TEXT_PACKAGES) && for deb in *.deb; do dpkg-deb -x $$deb .; done; \
 	fi
 
-# pytest-xdist processes for make test / test-full (each builds the session fixtures once); 2 on the 2-core reference
-# machine, TEST_WORKERS=0 runs in one process
+# pytest-xdist processes for make test / test-full (each builds the session fixtures once; a file's tests stay on one
+# worker, so a module's fixtures are built once); 2 on the 2-core reference machine, TEST_WORKERS=0 runs in one process
 TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
 test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; about 8.5 min on a quiet 2-core machine, README)
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not slurm" -n $(TEST_WORKERS)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not slurm" $(XDIST)
 
 # The `slurm` set (tests/slurm): scheduler faults against a single-node cluster that scripts/slurm_cluster.sh
 # starts here (root; Debian's slurm-wlm, munge, mariadb; about 15 min). Exit 3 from the script: apt-get cannot
@@ -80,7 +81,7 @@ slurm-cluster-stop: ## stop the test cluster's daemons (by their PIDs)
 	scripts/slurm_cluster.sh stop
 
 test-full: setup text ## run every test, slow ones included (not the `slurm` set: make test-slurm)
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slurm" -n $(TEST_WORKERS)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slurm" $(XDIST)
 
 reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel

@@ -154,9 +154,14 @@ def test_only_one_benchmark_replaces_its_rows_and_keeps_every_other_row(tmp_path
     from jensenkv.bench.plan import row
 
     shutil.copy(ROOT / "results" / "bench.csv", tmp_path / "bench.csv")
+    (tmp_path / "bench.md").write_text("# old\n\n## Notes\n\n- worldplay_cache_memory: kept\n- e2e_time_ratio: old\n")
     before = pd.read_csv(tmp_path / "bench.csv", dtype={"commit": str, "measured": str})
-    monkeypatch.setitem(suite.RUNNERS, "e2e_time_ratio",
-                        lambda plan: [row("e2e_time_ratio", "stand-in", 1.0, "ratio")])
+
+    def stand_in(plan):
+        plan.notes.append("e2e_time_ratio: new")
+        return [row("e2e_time_ratio", "stand-in", 1.0, "ratio")]
+
+    monkeypatch.setitem(suite.RUNNERS, "e2e_time_ratio", stand_in)
     suite.run_suite(quick_plan(), tmp_path, only=("e2e_time_ratio",))
     after = pd.read_csv(tmp_path / "bench.csv", dtype={"commit": str, "measured": str})
     measured = ["benchmark", "config", "value", "unit", "iqr", "repeats"]
@@ -171,3 +176,5 @@ def test_only_one_benchmark_replaces_its_rows_and_keeps_every_other_row(tmp_path
     assert new.measured == time.strftime("%Y-%m-%d", time.gmtime())
     md = (tmp_path / "bench.md").read_text()
     assert all(f"## {name}" in md for name in set(before.benchmark))
+    # the notes of the benchmarks not run again stay; the rerun one's are this run's
+    assert md.endswith("## Notes\n\n- worldplay_cache_memory: kept\n- e2e_time_ratio: new\n")

@@ -59,7 +59,7 @@ def held_memory_rows(plan: Plan) -> list[dict]:
     stored = result["stored"]
     config = "rtn bits=2 group_size=32 + taylor, 8 layers x 6 chunks of (1, 12, 4680, 128)" if not plan.held \
         else "rtn bits=2 group_size=32 + taylor, " + " ".join(plan.held)
-    plan.notes.append(f"held memory: stored {stored / MIB:.1f} MiB, one layer's workspace "
+    plan.notes.append(f"held_memory_ratio: stored {stored / MIB:.1f} MiB, one layer's workspace "
                       f"{result['workspace'] / MIB:.1f} MiB (target <= 1.25 + {result['workspace'] / stored:.3f})")
     return [row("held_memory_ratio", f"{config}: RSS growth / stored", result["rss_growth"] / stored, "ratio"),
             row("held_memory_ratio", f"{config}: live tensor bytes / stored", result["live"] / stored, "ratio"),

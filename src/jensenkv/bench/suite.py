@@ -19,7 +19,7 @@ import torch
 
 from jensenkv.bench.plan import BENCHMARKS, GPU_BENCHMARK, Plan, log_progress
 from jensenkv.bench.memory_rows import cache_bytes_rows, generation_rows, held_memory_rows, worldplay_rows
-from jensenkv.bench.suite_report import COLUMNS, code_commit, merge_rows, write_report
+from jensenkv.bench.suite_report import COLUMNS, code_commit, kept_notes, merge_rows, write_report
 from jensenkv.bench.timing_rows import (batch_throughput_rows, correction_overhead_floor_rows, correction_overhead_rows,
                                         e2e_rows, probe_overhead_rows)
 
@@ -65,7 +65,8 @@ def run_suite(plan: Plan, out_dir: Path, only: tuple[str, ...] = BENCHMARKS + (G
             log_progress(note)
         return frame
     seconds = time.perf_counter() - started
-    frame = merge_rows(frame, out_dir / "bench.csv", tuple(name for name in BENCHMARKS if name in only))
-    write_report(frame, out_dir, plan, seconds)
+    replaced = tuple(name for name in BENCHMARKS if name in only)
+    frame = merge_rows(frame, out_dir / "bench.csv", replaced)
+    write_report(frame, out_dir, plan, seconds, kept_notes(out_dir / "bench.md", replaced))
     log_progress(f"wrote {out_dir / 'bench.csv'} and {out_dir / 'bench.md'} ({len(rows)} rows, {seconds:.0f} s)")
     return frame

@@ -83,8 +83,19 @@ def merge_rows(frame: pd.DataFrame, path: Path, replaced: tuple[str, ...]) -> pd
                               ignore_index=True)
 
 
-def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float) -> None:
-    """bench.csv (every row, full precision) and bench.md (targets, then one table per benchmark)."""
+def kept_notes(path: Path, replaced: tuple[str, ...]) -> list[str]:
+    """The notes of an existing bench.md that belong to benchmarks not run again (a note starts with its
+    benchmark's name and a colon)."""
+    text = path.read_text() if path.exists() else ""
+    if "\n## Notes\n" not in text:
+        return []
+    notes = [line[2:] for line in text.split("\n## Notes\n", 1)[1].splitlines() if line.startswith("- ")]
+    return [n for n in notes if n.split(":", 1)[0] not in replaced]
+
+
+def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float, kept: list[str] = ()) -> None:
+    """bench.csv (every row, full precision) and bench.md (targets, then one table per benchmark; the notes of this
+    run after ``kept``, the earlier notes of benchmarks it did not run)."""
     atomic_write(out_dir / "bench.csv", lambda f: f.write(frame.to_csv(index=False)), mode="w")
     cpu = platform.processor() or platform.machine()
     lines = ["# jensenkv benchmarks", "",
@@ -102,6 +113,7 @@ def write_report(frame: pd.DataFrame, out_dir: Path, plan: Plan, seconds: float)
     for benchmark, group in frame.groupby("benchmark", sort=False):
         shown = group.drop(columns="benchmark").copy()
         lines += ["", f"## {benchmark}", "", shown.to_markdown(index=False, floatfmt=".4g")]
-    if plan.notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in plan.notes]]
+    notes = [*kept, *plan.notes]
+    if notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]
     atomic_write(out_dir / "bench.md", lambda f: f.write("\n".join(lines) + "\n"), mode="w")

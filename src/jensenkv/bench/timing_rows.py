@@ -125,7 +125,7 @@ def correction_overhead_floor_rows(plan: Plan) -> list[dict]:
     rows += _median_rows("correction_overhead_floor", per_shape)
     if all(per_shape.get(name) for name in ("columns", "split", "exact")):
         plan.notes.append(
-            f"correction overhead floors (SDPA alone, median over shapes): bias columns at d+G "
+            f"correction_overhead_floor: SDPA alone, median over shapes: bias columns at d+G "
             f"{statistics.median(per_shape['columns']):.3f}, split form {statistics.median(per_shape['split']):.3f}, "
             f"exact series at d+G*N {statistics.median(per_shape['exact']):.3f}; the CPU path runs the split form for "
             f"calls whose current chunk holds >= 2^20 scores. SDPA's gemms tile the head dim in blocks of 8-16 floats, "
