@@ -63,7 +63,7 @@ text: ## the LLM experiment's texts (Debian dict-devil, python3.11-doc): apt-get
 # worker, so a module's fixtures are built once); 2 on the 2-core reference machine, TEST_WORKERS=0 runs in one process
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
-test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; about 8.5 min on a quiet 2-core machine, README)
+test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; about 9.5 min on a quiet 2-core machine, README)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not slurm" $(XDIST)
 
 # The `slurm` set (tests/slurm): scheduler faults against a single-node cluster that scripts/slurm_cluster.sh
@@ -83,7 +83,7 @@ slurm-cluster-stop: ## stop the test cluster's daemons (by their PIDs)
 test-full: setup text ## run every test, slow ones included (not the `slurm` set: make test-slurm)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slurm" $(XDIST)
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (27-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (18-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
 	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel
 	# beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
 	# and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
