@@ -37,8 +37,19 @@ PHASES = (  # (phase, pattern on the collapsed stack); the first match wins, so 
 )
 
 
+def recipe_command(stack: str) -> str:
+    """The make recipe line a sample belongs to: the command of the first shell in its process ancestry
+    (``bash -c <line>``), else the sampled process's own command line."""
+    commands = re.findall(r'process \d+:"([^"]*)"', stack)
+    for command in commands:
+        if " -c " in command:
+            return command.split(" -c ", 1)[1][:120]
+    return commands[-1][:120] if commands else "?"
+
+
 def phase_seconds(lines, rate: float) -> tuple[collections.Counter, collections.Counter]:
-    """(seconds per phase, seconds per process command line) of py-spy raw lines ("frame;frame;... count")."""
+    """(seconds per phase, seconds per recipe line) of py-spy raw lines ("frame;frame;... count"; with
+    --subprocesses each stack starts with its process ancestry, 'process <pid>:"<command line>"' frames)."""
     phases, processes = collections.Counter(), collections.Counter()
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
@@ -46,8 +57,7 @@ def phase_seconds(lines, rate: float) -> tuple[collections.Counter, collections.
             continue
         name = next((phase for phase, pattern in PHASES if re.search(pattern, stack)), "other")
         phases[name] += int(count) / rate
-        command = re.match(r'process \d+:"([^"]*)"', stack)
-        processes[command.group(1)[:120] if command else "?"] += int(count) / rate
+        processes[recipe_command(stack)] += int(count) / rate
     return phases, processes
 
 

@@ -1,4 +1,5 @@
-"""Whether a CUDA device is visible, asked in one place, and the node a run is planned for.
+"""What this host offers a run, asked in one place: its usable CPU cores, whether a CUDA device is visible, and
+the node a run is planned for.
 
 On the host that runs, ``cuda_available()`` is torch's answer. A host that plans runs for another node (a SLURM
 login node planning the jobs of a sweep) knows that node only by what the job asks for: under
@@ -8,6 +9,7 @@ bottom of the package: it imports nothing of jensenkv.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,6 +25,19 @@ class PlannedNode:
 
 
 _PLANNED: ContextVar[PlannedNode | None] = ContextVar("jensenkv_planned_node", default=None)
+
+
+def available_cores() -> int:
+    """CPU cores this process may use: its affinity (SLURM's cpus_per_task, taskset) and cgroup quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def cuda_available() -> bool:

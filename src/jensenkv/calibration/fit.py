@@ -182,23 +182,21 @@ def calibration_spec(spec: Any) -> Any:
     return spec
 
 
-def same_fit(path: Path, content: dict) -> bool:
-    """Whether ``path`` already holds ``content`` up to its provenance (when and from which commit it was made)."""
+def held_fit(path: Path, content: dict) -> dict | None:
+    """The file at ``path`` when it already holds ``content`` up to its provenance (``strengths_file.substance``),
+    else None."""
     import json
 
-    from jensenkv.calibration.strengths_file import PROVENANCE_ONLY
+    from jensenkv.calibration.strengths_file import substance
     from jensenkv.store.files import json_safe, read_json
     from jensenkv.store.record import CorruptRecordError
 
     try:
         held = read_json(path)
     except (OSError, CorruptRecordError):
-        return False
-
-    def canonical(obj: dict) -> str:
-        return json.dumps(json_safe({k: v for k, v in obj.items() if k not in PROVENANCE_ONLY}), sort_keys=True)
-
-    return isinstance(held, dict) and canonical(held) == canonical(content)
+        return None
+    written = json.loads(json.dumps(json_safe(content)))  # as the file would hold it (lists, not tuples)
+    return held if isinstance(held, dict) and substance(held) == substance(written) else None
 
 
 def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
@@ -215,7 +213,7 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
     from jensenkv.models.registry import family
     from jensenkv.run.environment import default_threads
     from jensenkv.run.videos import check_finite
-    from jensenkv.store.files import atomic_write_json, check_output_file, read_json
+    from jensenkv.store.files import atomic_write_json, check_output_file
 
     spec = calibration_spec(spec)
     if shrink is not None and (isinstance(shrink, bool) or not isinstance(shrink, (int, float))
@@ -286,8 +284,9 @@ def calibrate(spec: Any, out: str | Path | None = None, name: str | None = None,
         "git_commit": git_commit(),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    if same_fit(path, content):  # a rerun of the same fit: the file (and its provenance) stays as it is
-        log.info("%s already holds this fit (made %s): left as it is", path, read_json(path).get("created_at"))
+    held = held_fit(path, content)
+    if held is not None:  # a rerun of the same fit: the file (and its provenance) stays as it is
+        log.info("%s already holds this fit (made %s): left as it is", path, held.get("created_at"))
         return path
     try:
         atomic_write_json(path, content)

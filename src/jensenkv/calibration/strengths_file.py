@@ -71,6 +71,13 @@ def load_calibration(path: str) -> Calibration:
     return _load(str(file.resolve()), stat.st_size, stat.st_mtime_ns, str(path))
 
 
+def substance(content: dict) -> str:
+    """What a calibration file says, as canonical JSON, without when or from which commit it was written: a rerun
+    of the same fit (same strengths, prompts and identity) has the same substance, so it names the same runs (the
+    digest) and leaves its file as it is (``calibration.fit``)."""
+    return json.dumps({k: v for k, v in content.items() if k not in PROVENANCE_ONLY}, sort_keys=True)
+
+
 @functools.lru_cache(maxsize=16)
 def _load(resolved: str, size: int, mtime_ns: int, given: str) -> Calibration:
     raw = Path(resolved).read_bytes()
@@ -97,10 +104,7 @@ def _load(resolved: str, size: int, mtime_ns: int, given: str) -> Calibration:
         fail_calibration(given, "the file is corrupt: calibration.prompts must be a list of strings")
     if not isinstance(content["identity"], dict):
         fail_calibration(given, "the file is corrupt: identity must be a mapping")
-    # digest of what the file says, not of when or from which commit it was written: a rerun of the same fit
-    # (same strengths, prompts and identity) names the same runs, so Table 1 reproduces byte for byte
-    substance = {k: v for k, v in content.items() if k not in PROVENANCE_ONLY}
-    digest = hashlib.sha256(json.dumps(substance, sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(substance(content).encode()).hexdigest()[:16]
     return Calibration(path=given, digest=digest,
                        strengths=tuple(tuple(float(s) for s in row) for row in strengths),
                        identity=content["identity"], prompts=tuple(prompts), content=content)

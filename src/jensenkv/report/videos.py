@@ -12,13 +12,13 @@ scored against (``refs/<reference_id>.pt``). Each panel is enlarged by an intege
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from jensenkv.checks import fail
+from jensenkv.devices import available_cores
 from jensenkv.exit_codes import EPILOG, PARTIAL, guarded, stop
 from jensenkv.eval.video_files import UPSCALED_DIR, load_mp4, mp4_fps, save_mp4, upscale
 from jensenkv.report.model_choice import choose_model
@@ -272,7 +272,7 @@ def _main(args: argparse.Namespace) -> None:
     recover_store(args)
     try:
         model, written, skipped = write_strips(args.results, args.strips, args.model, args.correction, args.fps,
-                                               args.row, args.workers or len(os.sched_getaffinity(0)))
+                                               args.row, args.workers or available_cores())
     except (FileNotFoundError, ValueError) as e:
         report_error(e)
     for line in skipped:

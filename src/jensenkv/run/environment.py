@@ -8,24 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jensenkv.devices import available_cores
 from jensenkv.models.registry import family
 
 if TYPE_CHECKING:
     from jensenkv.config.resolve import RunSpec
 
 MAX_DEFAULT_THREADS = 4  # the built-in model's ops are small: more threads mostly add contention
-
-
-def available_cores() -> int:
-    """CPU cores this process may use: its affinity (SLURM's cpus_per_task, taskset) and cgroup quota."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
 
 
 def parallel_jobs() -> int:
