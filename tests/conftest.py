@@ -7,11 +7,24 @@ session-scoped; adapters are cheap and built per test, since tests change their 
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
+from jensenkv.devices import available_cores
+
+# pytest-xdist workers share the cores: each (and every process its tests start) gets its share of torch threads.
+# Two workers on two cores with two OpenMP threads each spin-wait for each other's cores: the suite ran 8 min 22 s
+# that way and 6 min 2 s with one thread per worker (2026-12-07, 2 cores). Set before torch loads OpenMP.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, available_cores() // _workers))
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case a plugin imported torch first
 
 from wan_testkit import WAN_FRAME, WAN_TEST_CONFIG, encode_prompt  # noqa: F401 - the tests' shared sizes
 
