@@ -86,7 +86,7 @@ test-full: setup text ## run every test, slow ones included (not the `slurm` set
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slurm" $(XDIST)
 
 reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (15-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
-	@echo "reproduce-table1: the runs, two make targets at a time (log lines as they come; each target's own jobs in parallel too)"
+	@echo "reproduce-table1: the runs, two make targets at a time (each target's log is printed when it ends; the Table 1 sweep, the longest, ends last)"
 	$(MAKE) --no-print-directory -j2 --output-sync=line table1-runs
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims

@@ -22,6 +22,28 @@ def test_walsh_hadamard_matches_dense_sylvester_matrix():
     assert torch.allclose(walsh_hadamard(x), x @ h.T / 4, atol=1e-5)
 
 
+def _butterfly_by_stacking(x: torch.Tensor) -> torch.Tensor:
+    """The textbook butterfly, a new tensor per stage: what the stored results were computed with."""
+    d = x.shape[-1]
+    y, h = x.reshape(-1, d), 1
+    while h < d:
+        y = y.view(-1, d // (2 * h), 2, h)
+        y = torch.stack((y[:, :, 0, :] + y[:, :, 1, :], y[:, :, 0, :] - y[:, :, 1, :]), dim=2)
+        h *= 2
+    return (y.reshape(x.shape) / d**0.5).to(x.dtype)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 4, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_walsh_hadamard_equals_the_stacking_butterfly_bit_for_bit_and_leaves_its_input(dim, dtype):
+    x = torch.randn(3, 2, 5, dim).to(dtype)
+    before = x.clone()
+    assert torch.equal(walsh_hadamard(x), _butterfly_by_stacking(x))  # so the stored QuaRot runs stay as they are
+    assert torch.equal(x, before)
+    sliced = torch.randn(4, 6, dim)[:, ::2]  # (4, 3, dim): not contiguous in the leading dims
+    assert torch.equal(walsh_hadamard(sliced), _butterfly_by_stacking(sliced.contiguous()))
+
+
 def test_seeded_signs():
     assert torch.equal(RandomHadamard(32, 7).signs, RandomHadamard(32, 7).signs)
     assert not torch.equal(RandomHadamard(32, 7).signs, RandomHadamard(32, 8).signs)

@@ -15,14 +15,17 @@ def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     if d <= 0 or d & (d - 1):
         raise ValueError(f"head_dim={d} is not allowed for the Hadamard rotation: it must be a power of two")
     lead = x.shape[:-1]
-    y = x.reshape(-1, d)  # (N, d)
+    src = x.reshape(-1, d)  # (N, d); read, never written
+    out, spare = torch.empty_like(src), None
     h = 1
-    while h < d:
-        y = y.view(-1, d // (2 * h), 2, h)  # (N, blocks, 2, h): butterflies pair element i with i + h
-        a, b = y[:, :, 0, :], y[:, :, 1, :]
-        y = torch.stack((a + b, a - b), dim=2)
+    while h < d:  # butterflies pair element i with i + h, written into the other buffer (no stack, no copy of x)
+        pairs, into = src.view(-1, d // (2 * h), 2, h), out.view(-1, d // (2 * h), 2, h)  # (N, blocks, 2, h)
+        torch.add(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 0])
+        torch.sub(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 1])
+        spare = spare if spare is not None else torch.empty_like(src)
+        src, out = out, (spare if out is not spare else src)  # ping-pong between two buffers
         h *= 2
-    return (y.reshape(*lead, d) / d**0.5).to(x.dtype)
+    return (src.reshape(*lead, d) / d**0.5).to(x.dtype)
 
 
 class RandomHadamard:
