@@ -38,11 +38,12 @@ PHASES = (  # (phase, pattern on the collapsed stack); the first match wins, so 
 
 
 def recipe_command(stack: str) -> str:
-    """The make recipe line a sample belongs to: the command of the first shell in its process ancestry
-    (``bash -c <line>``), else the sampled process's own command line."""
+    """The make recipe line a sample belongs to: the command of the innermost shell in its process ancestry
+    (``bash -c <line>``: reproduce-table1's runs go through a second make, whose own line is the outer shell),
+    else the sampled process's own command line."""
     commands = re.findall(r'process \d+:"([^"]*)"', stack)
-    for command in commands:
-        if " -c " in command:
+    for command in reversed(commands):
+        if re.match(r"\S*\b(ba)?sh -c ", command):
             return command.split(" -c ", 1)[1][:120]
     return commands[-1][:120] if commands else "?"
 

@@ -32,6 +32,15 @@ def test_samples_go_to_the_first_matching_phase_and_to_their_recipe_line():
                         ".venv/bin/python -m jensenkv.run.noise_floor experiment=table1": 2.0}
 
 
+def test_a_run_under_the_second_make_goes_to_its_own_line_not_to_the_make_line():
+    stack = ('process 1:"make reproduce-table1";process 2:"/bin/bash -c make --no-print-directory -j2 table1-runs";'
+             'process 3:"make --no-print-directory -j2 table1-runs";'
+             'process 4:"/bin/bash -c OMP_WAIT_POLICY=passive .venv/bin/python -m jensenkv.run.noise_floor";'
+             'process 5:".venv/bin/python -m jensenkv.run.noise_floor";'
+             'process 6:"/x/python -c from joblib.externals.loky import main";f (a.py:1)')
+    assert table1_phases.recipe_command(stack) == "OMP_WAIT_POLICY=passive .venv/bin/python -m jensenkv.run.noise_floor"
+
+
 def test_a_process_without_a_shell_above_it_is_named_by_its_own_command():
     assert table1_phases.recipe_command('process 7:"python -m x";f (a.py:1)') == "python -m x"
     assert table1_phases.recipe_command("f (a.py:1)") == "?"
