@@ -63,9 +63,10 @@ text: ## the LLM experiment's texts (Debian dict-devil, python3.11-doc): apt-get
 
 # pytest-xdist processes for make test / test-full (each builds the session fixtures once; a file's tests stay on one
 # worker, so a module's fixtures are built once); 2 on the 2-core reference machine, TEST_WORKERS=0 runs in one process
+# Each worker gets its share of the cores as torch threads (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
-test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; about 9.5 min on a quiet 2-core machine, README)
+test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; about 7.5 min on a quiet 2-core machine, README)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not slurm" $(XDIST)
 
 # The `slurm` set (tests/slurm): scheduler faults against a single-node cluster that scripts/slurm_cluster.sh
@@ -85,7 +86,7 @@ slurm-cluster-stop: ## stop the test cluster's daemons (by their PIDs)
 test-full: setup text ## run every test, slow ones included (not the `slurm` set: make test-slurm)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slurm" $(XDIST)
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (15-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (19-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
 	@echo "reproduce-table1: the runs, two make targets at a time (each target's log is printed when it ends; the Table 1 sweep, the longest, ends last)"
 	$(MAKE) --no-print-directory -j2 --output-sync=line table1-runs
 	$(PY) -m jensenkv.report.table1
