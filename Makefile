@@ -88,7 +88,7 @@ test-full: setup text ## run every test, slow ones included (not the `slurm` set
 
 reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (19-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
 	@echo "reproduce-table1: the runs, two make targets at a time (each target's log is printed when it ends; the Table 1 sweep, the longest, ends last)"
-	$(MAKE) --no-print-directory -j2 --output-sync=line table1-runs
+	OMP_WAIT_POLICY=passive $(MAKE) --no-print-directory -j2 --output-sync=line table1-runs
 	$(PY) -m jensenkv.report.table1
 	$(PY) -m jensenkv.report.claims
 	$(PY) -m jensenkv.report.videos --figure  # -> results/figures/video_strip.png; BF16 | quantized | corrected -> results/videos/
@@ -97,34 +97,35 @@ reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,
 
 # reproduce-table1's runs. None reads another's output except the calibrated run (the fit), so `make -j2` packs
 # them onto the cores: the sweeps' last jobs and the single-process steps no longer leave a core idle. Every job
-# sets its own torch threads, so its numbers do not depend on what runs beside it; OMP_WAIT_POLICY=passive keeps
-# an OpenMP thread that waits from spinning on a core another process needs (it changes no result). Each sweep
+# sets its own torch threads, so its numbers do not depend on what runs beside it; OMP_WAIT_POLICY=passive (set
+# where reproduce-table1 calls them) keeps an OpenMP thread that waits from spinning on a core another process
+# needs (it changes no result). Each sweep
 # gets its own Hydra directory: two sweeps started in the same second would otherwise share one.
 T1_SWEEP_DIR = 'hydra.sweep.dir=multirun/$${now:%Y-%m-%d}/$${now:%H-%M-%S}-$@'
 table1-runs: setup table1-sweep table1-second-order table1-calibrated table1-teacher-forced table1-noise-floor \
 	table1-tradeoff table1-sample-frames
 table1-sweep:
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel $(T1_SWEEP_DIR)
+	$(PY) -m jensenkv.run -m experiment=table1 hydra/launcher=local_parallel $(T1_SWEEP_DIR)
 # beside the paper's correction: the second-order term (RTN, and RTN with dither where the noise model holds),
 # and per-(layer, head) strengths fitted on eval=calibration's prompts and seed (disjoint from Table 1's)
 table1-second-order:
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.run -m experiment=table1 quant=rtn,rtn_dither correction=taylor2 \
+	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn,rtn_dither correction=taylor2 \
 		quant.rotation_seed=0 hydra/launcher=local_parallel $(T1_SWEEP_DIR)
 table1-calibration:
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.calibration model=tiny quant=rtn correction=taylor --name tiny-rtn-int2-g32-taylor
+	$(PY) -m jensenkv.calibration model=tiny quant=rtn correction=taylor --name tiny-rtn-int2-g32-taylor
 table1-calibrated: table1-calibration
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.run -m experiment=table1 quant=rtn correction=taylor quant.rotation_seed=0 \
+	$(PY) -m jensenkv.run -m experiment=table1 quant=rtn correction=taylor quant.rotation_seed=0 \
 		attention.calibration=results/calibration/tiny-rtn-int2-g32-taylor.json $(T1_SWEEP_DIR)
 table1-tradeoff:
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel $(T1_SWEEP_DIR)
+	$(PY) -m jensenkv.run -m experiment=tradeoff hydra/launcher=local_parallel $(T1_SWEEP_DIR)
 # model checks the claims read: teacher-forced fidelity (its own store, results/teacher_forced/) and the
 # noise floor of harmless changes (results/noise_floor.csv)
 table1-teacher-forced:
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.run -m experiment=teacher_forced hydra/launcher=local_parallel $(T1_SWEEP_DIR)
+	$(PY) -m jensenkv.run -m experiment=teacher_forced hydra/launcher=local_parallel $(T1_SWEEP_DIR)
 table1-noise-floor:
-	OMP_WAIT_POLICY=passive $(PY) -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 "eval.seeds=[0]"
+	$(PY) -m jensenkv.run.noise_floor experiment=table1 eval.num_prompts=8 "eval.seeds=[0]"
 table1-sample-frames:
-	OMP_WAIT_POLICY=passive $(PY) scripts/sample_frames.py
+	$(PY) scripts/sample_frames.py
 
 reproduce-llm: setup text ## the LLM partial-prefill diagnostic on SmolLM2-135M -> results/llm_prefill.{csv,md,tex}, results/llm_claims.md, results/figures/llm_*.png (29-33 min on 2 cores, README)
 	$(PY) -m jensenkv.run.llm_prefill experiment=llm_prefill

@@ -16,15 +16,16 @@ from jensenkv.devices import available_cores
 # pytest-xdist workers share the cores: each (and every process its tests start) gets its share of torch threads.
 # Two workers on two cores with two OpenMP threads each spin-wait for each other's cores: the suite ran 8 min 22 s
 # that way and 6 min 2 s with one thread per worker (2026-12-07, 2 cores). Set before torch loads OpenMP.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-    os.environ["OMP_NUM_THREADS"] = str(max(1, available_cores() // _workers))
+_WORKER_THREADS = (max(1, available_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+                   if os.environ.get("PYTEST_XDIST_WORKER") else None)  # None: not an xdist worker
+if _WORKER_THREADS is not None:
+    os.environ["OMP_NUM_THREADS"] = str(_WORKER_THREADS)
 
 import pytest
 import torch
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case a plugin imported torch first
+if _WORKER_THREADS is not None:
+    torch.set_num_threads(_WORKER_THREADS)  # in case a plugin imported torch first
 
 from wan_testkit import WAN_FRAME, WAN_TEST_CONFIG, encode_prompt  # noqa: F401 - the tests' shared sizes
 

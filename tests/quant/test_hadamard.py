@@ -42,6 +42,8 @@ def test_walsh_hadamard_equals_the_stacking_butterfly_bit_for_bit_and_leaves_its
     assert torch.equal(x, before)
     sliced = torch.randn(4, 6, dim)[:, ::2]  # (4, 3, dim): not contiguous in the leading dims
     assert torch.equal(walsh_hadamard(sliced), _butterfly_by_stacking(sliced.contiguous()))
+    columns = torch.randn(5, 2 * dim)[:, :dim]  # (5, dim) with a row stride of 2 * dim: reshape keeps the view
+    assert torch.equal(walsh_hadamard(columns), _butterfly_by_stacking(columns.contiguous()))
 
 
 def test_seeded_signs():

@@ -16,15 +16,14 @@ def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"head_dim={d} is not allowed for the Hadamard rotation: it must be a power of two")
     lead = x.shape[:-1]
     src = x.reshape(-1, d)  # (N, d); read, never written
-    out, spare = torch.empty_like(src), None
-    h = 1
-    while h < d:  # butterflies pair element i with i + h, written into the other buffer (no stack, no copy of x)
-        pairs, into = src.view(-1, d // (2 * h), 2, h), out.view(-1, d // (2 * h), 2, h)  # (N, blocks, 2, h)
+    buffers = (src.new_empty(src.shape), src.new_empty(src.shape))  # contiguous; a stage writes the one it does not read
+    h, stage = 1, 0
+    while h < d:  # butterflies pair element i with i + h: no stacked tensor per stage, no copy of x
+        blocks = d // (2 * h)
+        pairs, into = src.view(-1, blocks, 2, h), buffers[stage % 2].view(-1, blocks, 2, h)  # (N, blocks, 2, h)
         torch.add(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 0])
         torch.sub(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 1])
-        spare = spare if spare is not None else torch.empty_like(src)
-        src, out = out, (spare if out is not spare else src)  # ping-pong between two buffers
-        h *= 2
+        src, h, stage = buffers[stage % 2], h * 2, stage + 1
     return (src.reshape(*lead, d) / d**0.5).to(x.dtype)
 
 
