@@ -1,4 +1,5 @@
-"""Chunk-wise driving of diffusers' SkyReels-V2 / Wan transformers over a (quantized) KV cache.
+"""Chunk-wise driving of diffusers' SkyReels-V2 / Wan transformers (and the plain-torch SkyReelsV2DiT) over a
+(quantized) KV cache.
 
 Tiny random-init models at diffusers' own test sizes (conftest: patch (1, 2, 2), 2 heads x head dim 12), so
 no weights are needed; group size 4 divides the head dim.
@@ -8,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
-from diffusers.hooks import HookRegistry
 from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2AttnProcessor
 
 from wan_testkit import WAN_FRAME as FRAME, WAN_TEST_CONFIG as TEST_CONFIG, encode_prompt
@@ -16,17 +16,17 @@ from jensenkv.cache import CacheConfig
 from jensenkv.generation.config import GenerationConfig
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.models.wan import (
-    ROPE_HOOK_NAME,
     CachedSelfAttnProcessor,
+    SkyReelsV2DiT,
     WanChunkwiseAdapter,
-    RopeFrameOffsetHook,
     block_causal_mask,
+    installed_rope_offset,
     limit_kv_range,
 )
 from jensenkv.quant import QuantConfig
 
 FPC = 2  # frames per chunk
-CLASSES = [SkyReelsV2Transformer3DModel, WanTransformer3DModel]
+CLASSES = [SkyReelsV2Transformer3DModel, WanTransformer3DModel, SkyReelsV2DiT]
 
 
 @pytest.fixture
@@ -107,7 +107,10 @@ def test_rope_hook_shifts_positions_by_start_frame(make_adapter):
     adapter.state.start_frame = TEST_CONFIG["rope_max_seq_len"]
     with pytest.raises(ValueError, match="rope_max_seq_len"):
         rope(x)
-    assert isinstance(HookRegistry.check_if_exists_or_initialize(rope).get_hook(ROPE_HOOK_NAME), RopeFrameOffsetHook)
+    assert installed_rope_offset(rope)
+    adapter.remove()
+    assert not installed_rope_offset(rope)
+    assert rope(x)[0].shape[1] == tokens  # the stock RoPE again: frames from 0
 
 
 def test_processors_on_self_attention_only_and_removable(make_adapter):
@@ -318,7 +321,7 @@ def stock_oracle_latents(model: torch.nn.Module, prompt: str, seed: int, cfg: Ge
         t_frames = torch.tensor([0.0] * (len(clean) * fpc) + [sigmas[s] for s in steps for _ in range(fpc)])[None]
         timestep = t_frames * 1000.0  # (1, F)
         kwargs = {}
-        if isinstance(model, SkyReelsV2Transformer3DModel):
+        if isinstance(model, (SkyReelsV2Transformer3DModel, SkyReelsV2DiT)):
             kwargs["enable_diffusion_forcing"] = True
         else:
             timestep = timestep.repeat_interleave(tokens_per_frame, dim=1)  # (1, S): per token

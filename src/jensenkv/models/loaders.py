@@ -11,18 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
 
 from jensenkv.models.finite_weights import check_finite_weights
 
-TRANSFORMER_CLASSES = {"SkyReelsV2Transformer3DModel": SkyReelsV2Transformer3DModel,
-                       "WanTransformer3DModel": WanTransformer3DModel}
+# diffusers' Wan-family transformer classes by name; diffusers loads only when one is asked for (about 5 s CPU)
+TRANSFORMER_CLASS_NAMES = ("SkyReelsV2Transformer3DModel", "WanTransformer3DModel")
 FETCH_HINT = "run `make fetch-weights` on a machine with internet (or copy the files there), then retry"
 CHECKPOINT_PREFIXES = ("model.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 class MissingWeightsError(FileNotFoundError):
     """Model weights are not on this machine (the suite never downloads them at run time)."""
+
+
+def transformer_classes() -> dict[str, type]:
+    """Name -> diffusers class, for ``TRANSFORMER_CLASS_NAMES`` (imports diffusers)."""
+    import diffusers
+
+    return {name: getattr(diffusers, name) for name in TRANSFORMER_CLASS_NAMES}
 
 
 def resolve_local_dir(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
@@ -155,9 +161,9 @@ def load_wan_transformer(local_dir: Path, class_name: str, dtype: torch.dtype, s
     Built from its config and loaded with a strict state dict rather than ``from_pretrained``, which in
     diffusers 0.42 needs ``accelerate`` for these models (their fp32-kept modules force low-memory loading).
     """
-    if class_name not in TRANSFORMER_CLASSES:
-        raise ValueError(f"class={class_name!r} is not allowed: use one of {tuple(TRANSFORMER_CLASSES)}")
-    cls = TRANSFORMER_CLASSES[class_name]
+    if class_name not in TRANSFORMER_CLASS_NAMES:
+        raise ValueError(f"class={class_name!r} is not allowed: use one of {TRANSFORMER_CLASS_NAMES}")
+    cls = transformer_classes()[class_name]
     folder = require_subfolder(local_dir, subfolder, f"{class_name} config/weights")
     if not (folder / "config.json").is_file():
         raise MissingWeightsError(f"{class_name} config not found: expected {folder / 'config.json'}; {FETCH_HINT}")

@@ -1,9 +1,10 @@
-"""The built-in tiny video diffusion model (pixel-space SkyReels-V2 / Wan transformer on procedural videos).
+"""The built-in tiny video diffusion model (a pixel-space SkyReels-V2 transformer on procedural videos; plain torch,
+``jensenkv.models.wan.dit``).
 
 ``load_tiny()`` (``weights``) returns the trained transformer, its text encoder and tokenizer, and the stored
 config; ``make train-tiny`` (scripts/train_tiny.py) retrains them into ``weights/``. ``family.TinyFamily`` is
-what the rest of the suite asks about the model. Names are re-exported lazily: reading the family does not
-import diffusers.
+what the rest of the suite asks about the model. Names are re-exported lazily: reading the family imports no model
+code, and nothing here imports diffusers.
 """
 from __future__ import annotations
 

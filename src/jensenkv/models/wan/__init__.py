@@ -1,10 +1,12 @@
-"""Drive diffusers' Wan-family transformers (SkyReels-V2, Wan2.1 / Self-Forcing) chunk by chunk over a KV cache.
+"""Drive Wan-family transformers (SkyReels-V2, Wan2.1 / Self-Forcing) chunk by chunk over a KV cache.
 
-Nothing in diffusers is changed. Three pieces, one module each:
+Real checkpoints run diffusers' classes, unchanged; the built-in model runs ``dit.SkyReelsV2DiT``, SkyReels-V2's
+transformer in plain torch (diffusers' weights, config and processor API, bit-equal outputs), so a built-in run
+never imports diffusers. Three pieces, one module each:
 
 * ``processor.CachedSelfAttnProcessor``: the self-attention of one layer over its cache (quantize on commit,
   correction, probes), with kernels from ``jensenkv.attention.ATTENTION_BACKENDS``.
-* ``rope.RopeFrameOffsetHook``: shifts the temporal RoPE positions by the chunk's first latent frame.
+* ``rope.install_rope_offset``: torch hooks shifting the temporal RoPE positions by the chunk's first latent frame.
 * ``adapter.WanChunkwiseAdapter``: the model-facing API of the generator (``denoise``, ``commit``, ``decode``, ...).
 
 ``state`` holds what they share, ``family.WanFamily`` what the rest of the suite asks about these models,
@@ -21,9 +23,11 @@ _EXPORTS = {
                      "load_original_wan_checkpoint", "load_wan_transformer", "require_subfolder", "resolve_local_dir"),
                     "jensenkv.models.loaders"),
     **dict.fromkeys(("WanChunkwiseAdapter", "pixel_decode"), "jensenkv.models.wan.adapter"),
-    **dict.fromkeys(("CachedSelfAttnProcessor", "apply_rotary", "block_causal_mask", "limit_kv_range",
-                     "window_context"), "jensenkv.models.wan.processor"),
-    **dict.fromkeys(("ROPE_HOOK_NAME", "RopeFrameOffsetHook"), "jensenkv.models.wan.rope"),
+    **dict.fromkeys(("CachedSelfAttnProcessor", "block_causal_mask", "limit_kv_range", "window_context"),
+                    "jensenkv.models.wan.processor"),
+    **dict.fromkeys(("DiTConfig", "SkyReelsV2DiT", "apply_rotary", "qkv_projections"), "jensenkv.models.wan.dit"),
+    **dict.fromkeys(("RopeFrameOffsetHook", "install_rope_offset", "installed_rope_offset", "remove_rope_offset"),
+                    "jensenkv.models.wan.rope"),
     **dict.fromkeys(("ChunkState", "InFlightChunk"), "jensenkv.models.wan.state"),
 }
 __all__ = sorted(_EXPORTS)

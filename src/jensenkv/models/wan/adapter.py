@@ -1,22 +1,21 @@
-"""The Wan-family chunk-wise adapter: the generator's ``ChunkwiseModel`` contract over a diffusers Wan-family
-transformer (SkyReels-V2, Wan2.1 / Self-Forcing; the built-in tiny model too)."""
+"""The Wan-family chunk-wise adapter: the generator's ``ChunkwiseModel`` contract over a Wan-family transformer:
+diffusers' SkyReels-V2 and Wan2.1 / Self-Forcing classes, or ``dit.SkyReelsV2DiT`` (the built-in model's, plain torch)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from diffusers import SkyReelsV2Transformer3DModel
-from diffusers.hooks import HookRegistry
 
 from jensenkv.cache import CacheConfig, ChunkedKVCache
 from jensenkv.attention.config import layer_strengths
 from jensenkv.generation.config import GenerationConfig, check_kv_range
 from jensenkv.generation.loop import ChunkwiseAdapterBase
-from jensenkv.models.loaders import TRANSFORMER_CLASSES
+from jensenkv.models.loaders import TRANSFORMER_CLASS_NAMES, transformer_classes
+from jensenkv.models.wan.dit import SkyReelsV2DiT
 from jensenkv.models.wan.fps import FPS_EMBEDDING_IDS
 from jensenkv.models.wan.processor import CachedSelfAttnProcessor
-from jensenkv.models.wan.rope import ROPE_HOOK_NAME, RopeFrameOffsetHook
+from jensenkv.models.wan.rope import install_rope_offset, remove_rope_offset
 from jensenkv.attention.config import AttentionConfig
 from jensenkv.models.wan.state import BRANCHES, ChunkState, InFlightChunk
 
@@ -41,7 +40,8 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
     """A Wan-family transformer driven chunk by chunk over per-layer quantized KV caches.
 
     Args:
-        transformer: a ``SkyReelsV2Transformer3DModel`` or ``WanTransformer3DModel``.
+        transformer: a ``SkyReelsV2Transformer3DModel`` or ``WanTransformer3DModel`` (diffusers), or a
+            ``SkyReelsV2DiT``.
         encode_prompt: list of prompts -> (B, L, text_dim) embeddings.
         latent_frame_shape: (C, H, W) of one latent frame.
         generation: the sampling defaults of this model (steps, shift, guidance, chunking, ...).
@@ -57,9 +57,14 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
                  attention: AttentionConfig | None = None,
                  decode: Callable[[torch.Tensor], torch.Tensor] = pixel_decode,
                  clean_range: tuple[float, float] | None = None, fps: int = 24):
-        if not isinstance(transformer, tuple(TRANSFORMER_CLASSES.values())):
-            raise ValueError(f"transformer={type(transformer).__name__} is not allowed: use one of "
-                             f"{tuple(TRANSFORMER_CLASSES)}")
+        if isinstance(transformer, SkyReelsV2DiT):
+            self.is_skyreels = True
+        else:  # a diffusers model: diffusers is loaded already
+            classes = transformer_classes()
+            if not isinstance(transformer, tuple(classes.values())):
+                raise ValueError(f"transformer={type(transformer).__name__} is not allowed: use one of "
+                                 f"{(*TRANSFORMER_CLASS_NAMES, SkyReelsV2DiT.__name__)}")
+            self.is_skyreels = isinstance(transformer, classes["SkyReelsV2Transformer3DModel"])
         patch = tuple(transformer.config.patch_size)
         if patch[0] != 1:
             # Chunks, per-frame timesteps, the block-causal mask and the RoPE offset all count latent frames
@@ -68,7 +73,6 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
                              f"(got {patch[0]}); use patch_size (1, p_h, p_w)")
         generation.validate()
         self.transformer = transformer.eval()
-        self.is_skyreels = isinstance(transformer, SkyReelsV2Transformer3DModel)
         if not self.is_skyreels:  # its batched Conv3d patch embedding rounds a video unlike the video alone
             run_per_video(transformer.patch_embedding)
         self._stock_frames_per_block = getattr(transformer.config, "num_frame_per_block", None)
@@ -104,10 +108,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
             else:
                 procs[name] = proc
         transformer.set_attn_processor(procs)
-        registry = HookRegistry.check_if_exists_or_initialize(transformer.rope)
-        if registry.get_hook(ROPE_HOOK_NAME) is not None:  # an earlier adapter on this model: rebind to our state
-            registry.remove_hook(ROPE_HOOK_NAME)
-        registry.register_hook(RopeFrameOffsetHook(self.state), ROPE_HOOK_NAME)
+        install_rope_offset(transformer.rope, self.state)  # replaces an earlier adapter's on this model
         self._prompt_embeds: dict[str, torch.Tensor] = {}
         self._committed: dict[str, int] = {}  # branch -> chunks committed so far
 
@@ -315,7 +316,7 @@ class WanChunkwiseAdapter(ChunkwiseAdapterBase):
         procs = {f"{name}.processor": (type(m)._default_processor_cls() if name.endswith(".attn1") else m.processor)
                  for name, m in self.transformer.named_modules() if hasattr(m, "get_processor")}
         self.transformer.set_attn_processor(procs)
-        HookRegistry.check_if_exists_or_initialize(self.transformer.rope).remove_hook(ROPE_HOOK_NAME)
+        remove_rope_offset(self.transformer.rope)
         if self.is_skyreels:
             self.transformer.register_to_config(num_frame_per_block=self._stock_frames_per_block)
         self.processors = []

@@ -1,4 +1,4 @@
-"""The cached self-attention processor: one per ``attn1`` layer, installed with diffusers' ``set_attn_processor``.
+"""The cached self-attention processor: one per ``attn1`` layer, installed with the model's ``set_attn_processor``.
 
 It owns that layer's caches (one ``ChunkedKVCache`` per CFG branch) and computes attention with a kernel
 from ``jensenkv.attention.ATTENTION_BACKENDS``, so quantization (on commit), the Jensen-bias correction
@@ -12,23 +12,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
 from jensenkv.attention import get_backend
 from jensenkv.attention.videos import attend_videos, probe_videos
 from jensenkv.cache import CacheConfig, ChunkedKVCache, Segment
 from jensenkv.attention.config import AttentionConfig
+from jensenkv.models.wan.dit import apply_rotary, qkv_projections
 from jensenkv.models.wan.state import BRANCHES, PROCESSOR_MODES, ChunkState, InFlightChunk
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Wan's interleaved-pair RoPE. x (B, S, H, D); cos, sin (1, S, 1, D) with pairs repeated."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)  # (B, S, H, D/2) each
-    cos, sin = cos[..., 0::2], sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
+__all__ = ["CachedSelfAttnProcessor", "apply_rotary", "block_causal_mask", "limit_kv_range", "window_context"]
 
 
 def block_causal_mask(num_tokens: int, frames_per_chunk: int, tokens_per_frame: int,
@@ -106,7 +98,7 @@ class CachedSelfAttnProcessor:
         if encoder_hidden_states is not None:
             raise ValueError("CachedSelfAttnProcessor got encoder_hidden_states: install it on attn1 only")
         state = self.state
-        query, key, value = _get_qkv_projections(attn, hidden_states, None)  # (B, S, H*D) each
+        query, key, value = qkv_projections(attn, hidden_states)  # (B, S, H*D) each
         query, key = attn.norm_q(query), attn.norm_k(key)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))  # (B, S, H, D)
         if rotary_emb is not None:
