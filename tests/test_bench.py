@@ -42,6 +42,15 @@ def test_quick_run_writes_every_benchmark(quick_run):
     assert "## Targets" in md and "not measured" not in md
 
 
+def test_quick_run_a_builtin_run_imports_no_diffusers(quick_run):
+    """run_imports replays a real built-in run's imports: torch and the rest are timed, and diffusers is not among
+    them (the built-in model is models.wan.dit)."""
+    frame, _ = quick_run
+    rows = frame[frame.benchmark == "run_imports"].set_index("config")
+    assert rows.loc["diffusers imported by a built-in run (1 = yes)", "value"] == 0
+    assert (rows[rows.unit == "s (CPU)"].value > 0).all() and len(rows) == 3
+
+
 def test_quick_run_without_a_gpu_says_bench_gpu_was_not_written(quick_run):
     _, md = quick_run
     assert "no CUDA GPU visible, so results/bench_gpu.csv" in md

@@ -12,7 +12,7 @@ from jensenkv.bench.memory import LAYER_SHAPE
 
 BENCHMARKS = ("cache_bytes_ratio", "held_memory_ratio", "generation_peak_memory_saving",
               "correction_overhead_ratio", "correction_overhead_floor", "e2e_time_ratio", "batch_throughput",
-              "probe_overhead", "worldplay_cache_memory")
+              "probe_overhead", "worldplay_cache_memory", "run_imports")
 
 
 GPU_BENCHMARK = "gpu_kernel"  # its own file, results/bench_gpu.csv, only where CUDA is visible (bench.gpu)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from jensenkv.bench.import_rows import run_import_rows
 from jensenkv.bench.plan import BENCHMARKS, GPU_BENCHMARK, Plan, log_progress
 from jensenkv.bench.memory_rows import cache_bytes_rows, generation_rows, held_memory_rows, worldplay_rows
 from jensenkv.bench.suite_report import COLUMNS, code_commit, kept_notes, merge_rows, write_report
@@ -27,7 +28,7 @@ RUNNERS = {"cache_bytes_ratio": cache_bytes_rows, "held_memory_ratio": held_memo
            "generation_peak_memory_saving": generation_rows, "correction_overhead_ratio": correction_overhead_rows,
            "correction_overhead_floor": correction_overhead_floor_rows, "e2e_time_ratio": e2e_rows,
            "batch_throughput": batch_throughput_rows, "probe_overhead": probe_overhead_rows,
-           "worldplay_cache_memory": worldplay_rows}
+           "worldplay_cache_memory": worldplay_rows, "run_imports": run_import_rows}
 
 
 def gpu_kernel(plan: Plan, out_dir: Path) -> None:

@@ -33,6 +33,8 @@ TARGETS = (
      "videos/s per core, a batch over the unbatched generator (a forward per CFG branch)"),
     ("probe_overhead", "built-in model, probes on every layer and step /", "<=", 1.5,
      "dP_S probes on every layer and step, built-in model"),
+    ("run_imports", "a built-in run's imports above torch's", "<=", 3.0,
+     "a built-in run's imports, CPU seconds above torch's own"),
 )
 
 
