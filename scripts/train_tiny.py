@@ -295,7 +295,7 @@ def write_card(out: Path, ev: dict, eval_seeds: int) -> None:
                   "(BELOW the >= 80% target).") )
     card = f"""# Tiny built-in video diffusion model
 
-Pixel-space diffusers `SkyReelsV2Transformer3DModel` (Wan family, diffusion forcing): {t['num_layers']} layers,
+Pixel-space SkyReels-V2 transformer (Wan family, diffusion forcing; `jensenkv.models.wan.dit.SkyReelsV2DiT`, which loads into diffusers' `SkyReelsV2Transformer3DModel` unchanged): {t['num_layers']} layers,
 {t['num_attention_heads']} head(s) x {t['attention_head_dim']} dims, FFN {t['ffn_dim']}, text dim {t['text_dim']},
 patch {tuple(t['patch_size'])}, `num_frame_per_block={t['num_frame_per_block']}` (block-causal mask over 2-frame chunks).
 Frames are {d['height']}x{d['width']} RGB in [-1, 1] -> {tokens_per_frame} tokens per frame, {tokens_per_frame * s['frames_per_chunk']} per chunk.

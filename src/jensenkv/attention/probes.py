@@ -81,8 +81,12 @@ def attention_probes(
     batch, heads, n_q, _ = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     device = q.device
-    keys, values = _stacked_pair(segments, k_cur, v_cur, work)  # (2, B, H, K_total, D), (2, B, H, K_total, Dv)
-    n_cached = keys.shape[-2] - k_cur.shape[-2]
+    reuse = attended is not None and attended.dtype == work
+    # cached keys (2, B, H, K_cached, D); values (2, B, H, K_total, Dv), or the reference's alone (1, ...) when the
+    # quantized output is reused: index -1 is the reference either way
+    keys, values = _stacked_pair(segments, k_cur, v_cur, work, quantized_values=not reuse)
+    n_cached = keys.shape[-2]
+    n_total = n_cached + k_cur.shape[-2]
     qw = q.to(work)  # (B, H, Q, D)
     biases = _segment_biases(qw, segments, correction, scale, strength) if correction != "none" else []
     bias_count = sum(batch * heads * n_q * seg.num_tokens for seg in segments if seg.has_steps)
@@ -91,15 +95,14 @@ def attention_probes(
     head_p_s = torch.zeros(2, heads, dtype=acc, device=device)  # quantized, reference
     sums = torch.zeros(4, dtype=acc, device=device)  # jsd, squared error, squared reference, bias
     budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["cpu"])
-    tile = max(1, min(query_tile, budget // max(1, 2 * batch * heads * keys.shape[-2])))
-    cached_keys_t = keys[..., :n_cached, :].transpose(-1, -2)  # (2, B, H, D, K_cached)
+    tile = max(1, min(query_tile, budget // max(1, 2 * batch * heads * n_total)))
+    cached_keys_t = keys.transpose(-1, -2)  # (2, B, H, D, K_cached)
     current_keys_t = k_cur.to(work).transpose(-1, -2)  # (B, H, D, R): the same on both sides
-    reuse = attended is not None and attended.dtype == work
     hidden = ~current_visible(n_q, k_cur.shape[2], device) if causal else None  # (Q, R): later current tokens
     for start in range(0, n_q, tile):
         rows = slice(start, start + tile)
         q_tile = qw[:, :, rows]  # (B, H, t, D)
-        both = q_tile.new_empty(2, batch, heads, q_tile.shape[2], keys.shape[-2])  # (2, B, H, t, K_total)
+        both = q_tile.new_empty(2, batch, heads, q_tile.shape[2], n_total)  # (2, B, H, t, K_total)
         both[..., :n_cached] = scale * q_tile @ cached_keys_t  # quantized (+ bias below), reference
         both[..., n_cached:] = scale * q_tile @ current_keys_t  # (B, H, t, R) broadcast to both
         if hidden is not None:  # finite, so the fast JSD applies: exp underflows to exactly 0 on both sides, and
@@ -121,7 +124,7 @@ def attention_probes(
         head_p_s += p_both[..., :n_cached].sum((1, 3, 4))  # (2, H)
         sums[0] += _jensen_shannon_finite(p_both[0], p_both[1], log_both[0], log_both[1]).sum()
         if reuse:
-            out, out_ref = attended[:, :, rows], p_both[1] @ values[1]  # (B, H, t, Dv) each
+            out, out_ref = attended[:, :, rows], p_both[1] @ values[-1]  # (B, H, t, Dv) each
         else:
             out, out_ref = p_both @ values  # (B, H, t, Dv) each: quantized, reference
         sums[1] += (out - out_ref).square().sum()
@@ -195,29 +198,34 @@ def _segment_biases(q: torch.Tensor, segments: Sequence[Segment], correction: st
     return out
 
 
-def _stacked_pair(segments: Sequence[Segment], k_cur: torch.Tensor, v_cur: torch.Tensor,
-                  work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """[cached..., current] keys (2, B, H, K_total, D) and values (2, B, H, K_total, Dv) in ``work``: index 0 the
-    (quantized) cache, 1 its full-precision reference, so that both attentions run as one batched op each.
+def _stacked_pair(segments: Sequence[Segment], k_cur: torch.Tensor, v_cur: torch.Tensor, work: torch.dtype,
+                  quantized_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached keys (2, B, H, K_cached, D) and [cached..., current] values (2, B, H, K_total, Dv) in ``work``: index
+    0 the (quantized) cache, 1 its full-precision reference, so that both attentions run as one batched op each.
+    ``quantized_values=False``: the reference's values alone, (1, B, H, K_total, Dv) (the caller reuses the
+    quantized output, so the quantized values would be dequantized for nothing). The current keys, the same on
+    both sides, are the caller's.
 
     Cache views are dequantized from their stored form as the attention paths do (``cpu.write_segments``: chunks
     of one RTN layout in one pass), without building the view's own per-chunk copies."""
-    batch, heads, current, dim = k_cur.shape
+    batch, heads, current, dv = v_cur.shape
     n_cached = sum(seg.num_tokens for seg in segments)
-    total = n_cached + current
-    keys = k_cur.new_empty(2, batch, heads, total, dim, dtype=work)  # (2, B, H, K_total, D)
-    values = v_cur.new_empty(2, batch, heads, total, v_cur.shape[-1], dtype=work)  # (2, B, H, K_total, Dv)
-    for name, out, cur in (("k", keys, k_cur), ("v", values, v_cur)):
-        if work == torch.float32:  # the stored form dequantizes to float32, as seg.k / seg.v would
-            write_segments(segments, name, out[0, :, :, :n_cached])
+    dim = k_cur.shape[-1]
+    keys = v_cur.new_empty(2, batch, heads, n_cached, dim, dtype=work)  # (2, B, H, K_cached, D)
+    sides = 2 if quantized_values else 1
+    values = v_cur.new_empty(sides, batch, heads, n_cached + current, dv, dtype=work)  # (sides, B, H, K_total, Dv)
+    for name, out in (("k", keys), ("v", values)):
+        quantized = out[0] if out.shape[0] == 2 else None  # (B, H, K, D) or None
+        if quantized is not None and work == torch.float32:  # the stored form dequantizes to float32, as seg.k / seg.v would
+            write_segments(segments, name, quantized[:, :, :n_cached])
         start = 0
         for seg in segments:
             width = seg.num_tokens
-            if work != torch.float32:
-                out[0, :, :, start : start + width] = seg.dequantized(name)
-            out[1, :, :, start : start + width] = seg.reference(name)
+            if quantized is not None and work != torch.float32:
+                quantized[:, :, start : start + width] = seg.dequantized(name)
+            out[-1, :, :, start : start + width] = seg.reference(name)
             start += width
-        out[:, :, :, n_cached:] = cur
+    values[:, :, :, n_cached:] = v_cur
     return keys, values
 
 
