@@ -1,5 +1,6 @@
 """The run path imports only what a run uses, and a run of the built-in model neither reaches the network nor
-warns at import (diffusers would import bitsandbytes, whose CPU backend asks the Hub for a kernel)."""
+warns at import, nor imports diffusers or transformers (its transformer is models.wan.dit; diffusers would import
+bitsandbytes, whose CPU backend asks the Hub for a kernel)."""
 from __future__ import annotations
 
 import ast
@@ -19,7 +20,9 @@ import atexit, json, runpy, sys
 net = []
 sys.addaudithook(lambda event, args: net.append([event, repr(args)[:200]])
                  if event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.connect") else None)
-atexit.register(lambda: print("PROBE " + json.dumps({"net": net, "bnb": sys.modules.get("bitsandbytes") is not None}),
+atexit.register(lambda: print("PROBE " + json.dumps({"net": net, "bnb": sys.modules.get("bitsandbytes") is not None,
+                                                    "libraries": sorted({m.split(".")[0] for m in sys.modules}
+                                                                        & {"diffusers", "transformers"})}),
                               file=sys.stderr))
 sys.argv = ["jensenkv.run", *sys.argv[1:]]
 runpy.run_module("jensenkv.run", run_name="__main__", alter_sys=True)
@@ -87,7 +90,7 @@ def test_the_import_listing_sees_pandas_once_it_is_imported():
     assert "pandas" in imported_modules("import jensenkv.report.store_frame, pandas")
 
 
-def test_a_built_in_model_run_imports_no_bitsandbytes_looks_up_no_host_and_warns_nothing(tmp_path: Path):
+def test_a_built_in_model_run_imports_no_diffusers_looks_up_no_host_and_warns_nothing(tmp_path: Path):
     results = tmp_path / "results"
     args = ["model.device=cpu", "generation.steps=2", "generation.num_chunks=2", "eval.num_prompts=1",
             "eval.metrics=[psnr]", "logger=disabled", f"paths.results_dir={results}",
@@ -97,6 +100,6 @@ def test_a_built_in_model_run_imports_no_bitsandbytes_looks_up_no_host_and_warns
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(results.glob("runs/*/record.json")), "the run wrote no record"
     probe = json.loads(proc.stderr.rsplit("PROBE ", 1)[1])
-    assert probe == {"net": [], "bnb": False}
+    assert probe == {"net": [], "bnb": False, "libraries": []}
     output = proc.stdout + proc.stderr
     assert "kernels-community" not in output and "bitsandbytes" not in output, output[-3000:]

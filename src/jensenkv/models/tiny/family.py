@@ -101,7 +101,7 @@ class TinyFamily(ModelFamily):
         return file_digest(self.folder(model) / WEIGHTS_FILE)
 
     def build_adapter(self, model: Any, cache: Any, attention: Any, generation: Any) -> Any:
-        """The pixel-space model behind the Wan adapter (its transformer is diffusers' SkyReels-V2)."""
+        """The pixel-space model behind the Wan adapter (its transformer: SkyReels-V2 in plain torch, ``wan.dit``)."""
         import torch
 
         from jensenkv.models.loaders import cast_like_diffusers
