@@ -42,7 +42,7 @@ def _leftovers(results: Path) -> list[Path]:
 
 # --- temporary files -----------------------------------------------------------------------------------
 def test_temporary_videos_live_outside_videos_and_stale_ones_are_cleaned(tmp_path, weights, monkeypatch):
-    import imageio.v2 as imageio
+    from jensenkv.eval import video_files
 
     spec = _spec(tmp_path, weights, *SMALL)
     run_dir = ResultsStore(tmp_path).run_dir(spec.run_id)
@@ -51,13 +51,13 @@ def test_temporary_videos_live_outside_videos_and_stale_ones_are_cleaned(tmp_pat
     (run_dir / "prompts").mkdir()
     (run_dir / "prompts" / ".0000.json.x1y2.tmp").write_text('{"ind')
     encoded: list[Path] = []
-    real = imageio.mimwrite
+    real = video_files.encode_h264
 
-    def spy(path, *args, **kwargs):
+    def spy(frames, path, *args, **kwargs):
         encoded.append(Path(path))
-        return real(path, *args, **kwargs)
+        return real(frames, path, *args, **kwargs)
 
-    monkeypatch.setattr(imageio, "mimwrite", spy)
+    monkeypatch.setattr(video_files, "encode_h264", spy)
     record = Runner(spec).run()
     assert "vbench" in record["metrics"]  # VBench scored videos/ without tripping on a stale file
     assert encoded and all(p.parent != run_dir / "videos" for p in encoded)  # encoded where no evaluator looks
