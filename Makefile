@@ -86,7 +86,7 @@ slurm-cluster-stop: ## stop the test cluster's daemons (by their PIDs)
 test-full: setup text ## run every test, slow ones included (not the `slurm` set: make test-slurm)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slurm" $(XDIST)
 
-reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (19-50 min on 2 cores, README; reports read $$JENSENKV_RESULTS, else results)
+reproduce-table1: setup ## Table 1 on the built-in model -> results/table1.{csv,md,tex}, results/claims.md and results/figures/ (about 15 min on 2 quiet cores, README; reports read $$JENSENKV_RESULTS, else results)
 	@echo "reproduce-table1: the runs, two make targets at a time (each target's log is printed when it ends; the Table 1 sweep, the longest, ends last)"
 	OMP_WAIT_POLICY=passive $(MAKE) --no-print-directory -j2 --output-sync=line table1-runs
 	$(PY) -m jensenkv.report.table1

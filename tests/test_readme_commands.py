@@ -203,7 +203,7 @@ ONE_PROMPT = ("eval.num_prompts=1",)
 RUN = "python -m jensenkv.run quant.bits=2 correction=taylor"
 LLM_SMOKE = "python -m jensenkv.run.llm_prefill experiment=llm_smoke"
 PLANS: dict[str, Runs | NotHere] = {
-    "make reproduce-table1": NotHere("too long (19-50 min): covered by the run and report lines below and "
+    "make reproduce-table1": NotHere("too long (about 15 min): covered by the run and report lines below and "
                                      "tests/models/test_family_kit.py (run, store check, table1, claims, rerun)"),
     "make reproduce-llm": NotHere(f"too long (about 30 min): covered by `{LLM_SMOKE}` and the report line below"),
     "make test": NotHere("this suite itself"),
