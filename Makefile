@@ -66,7 +66,7 @@ text: ## the LLM experiment's texts (Debian dict-devil, python3.11-doc): apt-get
 # Each worker gets its share of the cores as torch threads (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
-test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; about 7.5 min on a quiet 2-core machine, README)
+test: setup text ## run the test suite (fast tests on $(TEST_WORKERS) processes; CI runs this; 5-8 min on a quiet 2-core machine, README)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not slurm" $(XDIST)
 
 # The `slurm` set (tests/slurm): scheduler faults against a single-node cluster that scripts/slurm_cluster.sh
