@@ -25,11 +25,6 @@ def upscale(video: Any, long_side: int = LONG_SIDE) -> Any:
     return video.repeat_interleave(k, dim=-2).repeat_interleave(k, dim=-1) if k > 1 else video
 
 
-# H.264 at CRF 5 (near lossless: the metrics read these files), rgb24 frames in on stdin
-_ENCODE = ("-an", "-vcodec", "libx264")
-_CRF = "5"
-
-
 def save_mp4(video_u8: Any, path: Path, fps: int, tmp_dir: Path | None = None) -> Path:
     """(F, C, H, W) uint8 -> H.264 mp4, encoded to a temp file in ``tmp_dir`` (default: next to ``path``; a
     run uses its .tmp/ folder, outside videos/, which VBench scores whole) and moved into place (os.replace)."""
@@ -66,7 +61,8 @@ def encode_h264(frames: Any, path: Path, fps: float, pixel_format: str) -> None:
         raise ValueError(f"frames with {channels} channels are not allowed: expected RGB (F, H, W, 3)")
     rate = str(Fraction(fps).limit_denominator())  # a rational, as imageio-ffmpeg passes it
     cmd = [get_ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}",
-           "-pix_fmt", "rgb24", "-r", rate, "-i", "-", *_ENCODE, "-pix_fmt", pixel_format, "-crf", _CRF,
+           "-pix_fmt", "rgb24", "-r", rate, "-i", "-",  # rgb24 frames in on stdin
+           "-an", "-vcodec", "libx264", "-pix_fmt", pixel_format, "-crf", "5",  # H.264, CRF 5: near lossless
            "-v", "error", str(path)]
     done = subprocess.run(cmd, input=frames.tobytes(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           start_new_session=True)
