@@ -13,9 +13,7 @@ from typing import Any
 import torch
 
 from jensenkv.models.finite_weights import check_finite_weights
-
-# diffusers' Wan-family transformer classes by name; diffusers loads only when one is asked for (about 5 s CPU)
-TRANSFORMER_CLASS_NAMES = ("SkyReelsV2Transformer3DModel", "WanTransformer3DModel")
+from jensenkv.models.wan.names import TRANSFORMER_CLASS_NAMES
 FETCH_HINT = "run `make fetch-weights` on a machine with internet (or copy the files there), then retry"
 CHECKPOINT_PREFIXES = ("model.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
@@ -25,7 +23,8 @@ class MissingWeightsError(FileNotFoundError):
 
 
 def transformer_classes() -> dict[str, type]:
-    """Name -> diffusers class, for ``TRANSFORMER_CLASS_NAMES`` (imports diffusers)."""
+    """Name -> diffusers class, for ``TRANSFORMER_CLASS_NAMES`` (imports diffusers, about 5 s CPU: only when a
+    Wan-family checkpoint loads)."""
     import diffusers
 
     return {name: getattr(diffusers, name) for name in TRANSFORMER_CLASS_NAMES}

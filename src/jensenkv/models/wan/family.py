@@ -12,6 +12,7 @@ from typing import Any, Optional
 from jensenkv.checks import check_choice, check_int, fail
 from jensenkv.models.family import CheckpointNode, Download, Geometry, ModelFamily, cached_model_dir, local_model_dir
 from jensenkv.models.wan.fps import FPS_EMBEDDING_IDS
+from jensenkv.models.wan.names import TRANSFORMER_CLASS_NAMES
 
 VAE_SCALE = 8  # Wan VAE: 8x spatial downsampling
 # Original-format checkpoints named by model.transformer_checkpoint: file name -> (Hub repo, file in repo).
@@ -51,6 +52,7 @@ class WanFamily(ModelFamily):
         for key in ("transformer_class", "path", "height", "width"):
             if getattr(model, key) is None:
                 fail(f"model.{key}", None, "kind=diffusers needs transformer_class, path, height and width")
+        check_choice("model.transformer_class", model.transformer_class, TRANSFORMER_CLASS_NAMES)
         for key in ("height", "width"):
             check_int(f"model.{key}", getattr(model, key), 8)
         check_int("model.max_sequence_length", model.max_sequence_length, 1, optional=True)
